@@ -1,0 +1,1 @@
+"""Offline evaluation: IR metrics and the `sieve eval` runner."""

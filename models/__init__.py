@@ -1,0 +1,1 @@
+"""Pure model code: bi-encoder, CMC, cross-encoder, plus thin tokenise/encode wrappers."""

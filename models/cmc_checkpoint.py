@@ -1,0 +1,83 @@
+"""CMC checkpoints: a directory with config.json, cmc.safetensors (the attention layers) and the towers as
+Hugging Face directories (query_tower/, and candidate_tower/ in `separate` mode). Safetensors only: nothing
+is ever unpickled.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.cmc import CMC, CMCConfig
+from models.text_encoder import TextEncoder
+
+FORMAT = 1
+
+
+@dataclass
+class CMCBundle:
+    """Everything a CMC stage needs: the pure module and the towers that feed it."""
+
+    config: CMCConfig
+    model: CMC
+    query_tower: TextEncoder
+    candidate_tower: TextEncoder | None  # None in shared mode: candidates are the bi-encoder's vectors
+    name: str
+    base_model_hash: str  # the bi-encoder whose document vectors (shared) / initial weights the towers came from
+
+
+def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0) -> CMCBundle:
+    """Towers initialised from the bi-encoder and identity layers: ranks exactly as the bi-encoder does."""
+    torch.manual_seed(seed)
+    cfg = CMCConfig(mode=mode, dim=biencoder.dim)
+    model = CMC(cfg).to(biencoder.device).eval()
+    candidate = biencoder.copy("cmc-candidate") if mode == "separate" else None
+    return CMCBundle(cfg, model, biencoder.copy("cmc-query"), candidate, "cmc-untrained", biencoder.weights_hash)
+
+
+def save_cmc(bundle: CMCBundle, out_dir: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in bundle.model.state_dict().items()}
+    save_file(state, str(out / "cmc.safetensors"))
+    towers = {"query_tower": bundle.query_tower, "candidate_tower": bundle.candidate_tower}
+    for folder, tower in towers.items():
+        if tower is not None:
+            half = {k: v.detach().to("cpu", dtype).contiguous() for k, v in tower.module.transformer.state_dict().items()}
+            tower.module.transformer.save_pretrained(out / folder, state_dict=half, safe_serialization=True)
+            tower.tokenizer.save_pretrained(out / folder)
+    config = {"format": FORMAT, "name": bundle.name, "cmc": bundle.config.to_dict(),
+              "base_model_hash": bundle.base_model_hash, "metadata": metadata or {}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def load_cmc(path: str | Path, biencoder: TextEncoder) -> CMCBundle:
+    """Load onto the bi-encoder's device; refuses a shared-mode checkpoint trained against another bi-encoder."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a CMC checkpoint (no config.json)")
+    config = json.loads((path / "config.json").read_text())
+    if config.get("format") != FORMAT:
+        raise ValueError(f"CMC checkpoint {path} has format {config.get('format')!r}; this Sieve reads format {FORMAT}")
+    cfg = CMCConfig(**config["cmc"])
+    if cfg.mode == "shared" and config["base_model_hash"] != biencoder.weights_hash:
+        raise ValueError(
+            f"CMC checkpoint {path} (shared mode) was trained on bi-encoder weights sha256 "
+            f"{config['base_model_hash'][:12]}…, but the configured bi-encoder is {biencoder.weights_hash[:12]}…; "
+            "shared mode scores the bi-encoder's own document vectors, so both must match")
+    model = CMC(cfg)
+    state = {k: v.float() for k, v in load_file(str(path / "cmc.safetensors")).items()}
+    model.load_state_dict(state)
+    model.to(biencoder.device).eval()
+
+    def tower(folder: str) -> TextEncoder:
+        return TextEncoder.from_pretrained(path / folder, name=f"{config['name']}-{folder}",
+                                           lengths=biencoder.lengths, device=biencoder.device,
+                                           batch_size=biencoder.batch_size)
+
+    candidate = tower("candidate_tower") if cfg.mode == "separate" else None
+    return CMCBundle(cfg, model, tower("query_tower"), candidate, config["name"], config["base_model_hash"])

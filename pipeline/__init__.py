@@ -1,0 +1,1 @@
+"""Retrieval pipeline: one candidate record flowing through composable stages (retrieve -> CMC -> CE)."""

@@ -1,0 +1,71 @@
+"""The one record that flows through every stage: a column-wise candidate list in ranked order."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STAGES = ("retrieve", "cmc", "ce")
+
+
+@dataclass
+class Candidates:
+    """K candidates in their current ranked order.
+
+    rows: index rows (int64), -1 for texts that are not in the index (/rerank).
+    scores: stage name -> (K,) float32; a stage that did not score a candidate holds NaN there.
+    vectors: (K, d) candidate vectors for texts not in the index (None when all rows are indexed).
+    texts: candidate texts when the caller supplied them (/rerank), else fetched from the index on demand.
+    origin: position of each candidate in the caller's input (/rerank answers with it).
+    """
+
+    rows: np.ndarray
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
+    vectors: np.ndarray | None = None
+    texts: list[str] | None = None
+    origin: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.rows = np.asarray(self.rows, dtype=np.int64)
+        if self.origin is None:
+            self.origin = np.arange(len(self.rows))
+        self.validate()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def validate(self) -> None:
+        """Checked at every stage boundary: every column has one entry per candidate."""
+        n = len(self.rows)
+        assert self.rows.ndim == 1, f"rows must be 1-D, got {self.rows.shape}"
+        for stage, values in self.scores.items():
+            assert stage in STAGES, f"unknown stage {stage!r}"
+            assert values.shape == (n,), f"{stage} scores {values.shape} != ({n},)"
+        assert self.vectors is None or self.vectors.shape[0] == n, "one vector per candidate"
+        assert self.texts is None or len(self.texts) == n, "one text per candidate"
+        assert len(self.origin) == n, "one origin per candidate"
+
+    def take(self, order: np.ndarray) -> "Candidates":
+        """A new list holding the candidates at `order`, in that order."""
+        order = np.asarray(order, dtype=np.int64)
+        return Candidates(
+            rows=self.rows[order],
+            scores={k: v[order] for k, v in self.scores.items()},
+            vectors=None if self.vectors is None else self.vectors[order],
+            texts=None if self.texts is None else [self.texts[i] for i in order],
+            origin=self.origin[order],
+        )
+
+    def with_scores(self, stage: str, values: np.ndarray) -> "Candidates":
+        scores = dict(self.scores)
+        scores[stage] = np.asarray(values, dtype=np.float32)
+        return Candidates(self.rows, scores, self.vectors, self.texts, self.origin)
+
+    def rerank_head(self, stage: str, head_scores: np.ndarray) -> "Candidates":
+        """Score the first len(head_scores) candidates with `stage`, sort them by it, keep the tail in its order."""
+        n = len(head_scores)
+        column = np.full(len(self), np.nan, dtype=np.float32)
+        column[:n] = head_scores
+        scored = self.with_scores(stage, column)
+        order = np.concatenate([np.argsort(-column[:n], kind="stable"), np.arange(n, len(self))])
+        return scored.take(order)

@@ -1,0 +1,32 @@
+"""Errors a request can cause. The HTTP layer maps each to a 4xx; every message says what is allowed."""
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """The request asks for something that cannot be done as asked (HTTP 422 by default)."""
+
+    status_code = 422
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None, allowed: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.allowed = allowed
+
+
+class StageUnavailable(RequestError):
+    """A stage was asked for that this server has not loaded (e.g. no cross-encoder configured)."""
+
+    status_code = 400
+    code = "stage_unavailable"
+
+
+class UnknownDocuments(RequestError):
+    status_code = 422
+    code = "unknown_document_ids"
+
+
+class QueryTooLong(RequestError):
+    status_code = 413
+    code = "query_too_long"

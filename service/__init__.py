@@ -1,0 +1,1 @@
+"""HTTP service: settings, schemas, app factory, thin handlers, metrics, CLI."""

@@ -1,0 +1,139 @@
+"""`sieve` command line: index build/add/delete, serve, demo (build a demo index if needed, then serve)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from service.config import Settings
+
+DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sieve", description="Sieve multi-stage retrieval service")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    index = sub.add_parser("index", help="build and edit indexes").add_subparsers(dest="index_command", required=True)
+    build = index.add_parser("build", help="encode a BEIR corpus.jsonl into an index directory")
+    build.add_argument("--corpus", required=True, type=Path)
+    build.add_argument("--out", required=True, type=Path)
+    build.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    build.add_argument("--faiss", choices=["flat", "ivf", "hnsw"], default="flat", help="flat = exact inner product")
+    build.add_argument("--nlist", type=int, help="IVF cells (default ~4*sqrt(N))")
+    build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
+    build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
+    add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
+    add.add_argument("--index", required=True, type=Path)
+    add.add_argument("--corpus", required=True, type=Path)
+    add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
+    delete = index.add_parser("delete", help="delete documents by id")
+    delete.add_argument("--index", required=True, type=Path)
+    delete.add_argument("ids", nargs="+")
+
+    serve = sub.add_parser("serve", help="serve an index (settings from SIEVE_* environment variables)")
+    add_server_args(serve)
+    demo = sub.add_parser("demo", help="build a demo index (bundled corpus or --corpus) if needed, then serve it")
+    demo.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="BEIR corpus.jsonl (default: bundled demo)")
+    add_server_args(demo)
+    return parser
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
+    parser.add_argument("--host", help="bind address (SIEVE_HOST)")
+    parser.add_argument("--port", type=int, help="port (SIEVE_PORT)")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
+                                   "port": getattr(args, "port", None)}.items() if v is not None}
+    return Settings(**overrides)
+
+
+def encoders(settings: Settings, cmc_checkpoint: Path | None) -> dict:
+    from models.cmc_checkpoint import load_cmc
+    from models.device import pick_device
+    from service.components import load_biencoder
+
+    biencoder = load_biencoder(settings, pick_device(settings.device))
+    found = {"primary": biencoder}
+    if cmc_checkpoint:
+        bundle = load_cmc(cmc_checkpoint, biencoder)
+        if bundle.candidate_tower is None:
+            raise SystemExit(f"{cmc_checkpoint} is a shared-mode CMC: it reuses the bi-encoder vectors, no store needed")
+        found["cmc"] = bundle.candidate_tower
+    return found
+
+
+def cmd_build(args, settings: Settings) -> None:
+    from index import build_index, read_beir_corpus
+
+    found = encoders(settings, args.cmc_checkpoint)
+    params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
+    extra = {k: v for k, v in found.items() if k != "primary"}
+    manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
+                           faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
+                           extra_stores=extra or None)
+    print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version}))
+
+
+def cmd_add(args, settings: Settings) -> None:
+    from index import add_documents, read_beir_corpus
+
+    manifest = add_documents(args.index, read_beir_corpus(args.corpus), encoders(settings, args.cmc_checkpoint))
+    print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def cmd_delete(args, settings: Settings) -> None:
+    from index import delete_documents
+
+    manifest = delete_documents(args.index, args.ids)
+    print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from service.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+def cmd_demo(args, settings: Settings) -> None:
+    """Builds the index only when it is missing or was built from another corpus or model, then serves it."""
+    from index import IndexNotFoundError, IndexMismatchError, SearchIndex, build_index, corpus_hash, read_beir_corpus
+
+    docs = read_beir_corpus(args.corpus)
+    found = encoders(settings, None)["primary"]
+    try:
+        live = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=found.weights_hash, dim=found.dim)
+        stale = live.manifest.corpus_hash != corpus_hash(docs)
+        live.close()
+    except (IndexNotFoundError, IndexMismatchError):
+        stale = True
+    if stale:
+        print(f"building the demo index at {settings.index_dir} from {args.corpus} ({len(docs)} documents)", file=sys.stderr)
+        build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir)
+    serve(settings)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from(args)
+    try:
+        if args.command == "index":
+            {"build": cmd_build, "add": cmd_add, "delete": cmd_delete}[args.index_command](args, settings)
+        elif args.command == "serve":
+            serve(settings)
+        else:
+            cmd_demo(args, settings)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise SystemExit(f"sieve: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Loads the models and the index named by the settings: called once, from the app's lifespan or the CLI."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from index import SearchIndex
+from models.cmc_checkpoint import load_cmc, untrained_cmc
+from models.cross_encoder import CrossEncoder, PairLengths
+from models.device import pick_device
+from models.text_encoder import EncoderLengths, TextEncoder
+from pipeline.searcher import Searcher
+from service.config import Settings
+
+log = logging.getLogger("sieve")
+
+
+@dataclass
+class Components:
+    searcher: Searcher
+    device: str
+
+    def model_names(self) -> dict[str, str | None]:
+        s = self.searcher
+        return {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
+                "cross_encoder": s.cross_encoder.name if s.cross_encoder else None}
+
+    def close(self) -> None:
+        self.searcher.close()
+        self.searcher.index.close()
+
+
+def load_biencoder(settings: Settings, device: torch.device) -> TextEncoder:
+    lengths = EncoderLengths(settings.query_max_length, settings.doc_max_length)
+    return TextEncoder.from_pretrained(settings.resolved_model_path(), name=settings.model_name, lengths=lengths,
+                                       device=device, batch_size=settings.encode_batch_size)
+
+
+def load_components(settings: Settings) -> Components:
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    device = pick_device(settings.device)
+    biencoder = load_biencoder(settings, device)
+    index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
+                             dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
+                             nprobe=settings.nprobe, ef_search=settings.ef_search)
+    cmc = None
+    if settings.cmc_enabled:
+        cmc = load_cmc(settings.cmc_path, biencoder) if settings.cmc_path else untrained_cmc(biencoder)
+        if cmc.config.mode == "separate" and not index.has_store("cmc"):
+            raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "
+                             f"{settings.index_dir} has no 'cmc' embedding store; build it with "
+                             "`sieve index build ... --cmc-checkpoint` or `sieve index add-store`")
+    cross_encoder = None
+    if settings.cross_encoder_path:
+        cross_encoder = CrossEncoder.from_pretrained(
+            settings.cross_encoder_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
+            device=device, batch_size=settings.ce_batch_size)
+    log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
+    searcher = Searcher(biencoder, index, cmc, cross_encoder, query_overflow=settings.query_overflow)
+    return Components(searcher, str(device))

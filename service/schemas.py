@@ -1,0 +1,131 @@
+"""Every HTTP request and response body, on shared strict bases (unknown fields are refused)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+QUERY_MAX_CHARS = 10_000  # hard ceiling before any tokenisation; the token limit is a setting
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- shared pieces ------------------------------------------------------------------------------------------
+class DocumentOut(Reply):
+    id: str | None = Field(None, description="Document id (absent for /rerank texts sent without one).")
+    title: str | None = Field(None, description="Title, for indexed documents.")
+    text: str = Field(..., description="Document text.")
+
+
+class StageScores(Reply):
+    retrieve: float | None = Field(None, description="Bi-encoder inner product.")
+    cmc: float | None = Field(None, description="CMC score (null when CMC did not score this candidate).")
+    ce: float | None = Field(None, description="Cross-encoder logit (null when the CE did not score it).")
+
+
+class ErrorInfo(Reply):
+    code: str = Field(..., description="Machine-readable error code.")
+    message: str = Field(..., description="What is wrong.")
+    field: str | None = Field(None, description="The request field at fault, when there is one.")
+    allowed: str | None = Field(None, description="What would have been accepted.")
+    details: list[dict] | None = Field(None, description="One entry per validation problem.")
+
+
+class ErrorResponse(Reply):
+    error: ErrorInfo
+
+
+# -- /search ------------------------------------------------------------------------------------------------
+class SearchRequest(Strict):
+    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
+    top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
+    retrieve_k: int = Field(512, ge=1, description="Candidates the bi-encoder retrieves (clamped to the index size).")
+    rerank: Literal["cmc", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, or not.")
+    cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many.")
+    cross_encoder: bool = Field(False, description="Rerank the top cmc_k with the cross-encoder (4xx when none is configured).")
+    return_documents: bool = Field(False, description="Include each result's title and text.")
+
+    @model_validator(mode="after")
+    def top_k_within_retrieve_k(self):
+        if self.top_k > self.retrieve_k:
+            raise ValueError(f"top_k ({self.top_k}) must be <= retrieve_k ({self.retrieve_k})")
+        return self
+
+
+class SearchHit(Reply):
+    id: str = Field(..., description="Document id.")
+    rank: int = Field(..., description="1-based rank.")
+    score: float = Field(..., description="Score of the last stage that ranked this result.")
+    scores: StageScores
+    document: DocumentOut | None = None
+
+
+class SearchTimings(Reply):
+    be_encode: float | None = Field(None, description="Bi-encoder query encoding, ms.")
+    cmc_encode: float | None = Field(None, description="CMC query encoding (concurrent with be_encode), ms.")
+    mips: float | None = Field(None, description="FAISS inner-product search, ms.")
+    cmc: float | None = Field(None, description="CMC over the retrieved candidates, ms.")
+    ce: float | None = Field(None, description="Cross-encoder over the top cmc_k, ms.")
+    total: float = Field(..., description="Whole request inside the pipeline, ms.")
+
+
+class SearchResponse(Reply):
+    results: list[SearchHit]
+    timings_ms: SearchTimings
+    index_version: int = Field(..., description="Version of the index that answered.")
+    stages: list[str] = Field(..., description="Stages that ran, in order.")
+    warnings: list[str] = Field(default_factory=list, description="E.g. retrieve_k clamped, query truncated.")
+
+
+# -- /rerank ------------------------------------------------------------------------------------------------
+class RerankDocument(Strict):
+    id: str | None = Field(None, min_length=1, description="Document id; an indexed id reuses its stored vector.")
+    text: str | None = Field(None, min_length=1, description="Document text; required when the id is not indexed.")
+
+    @model_validator(mode="after")
+    def id_or_text(self):
+        if self.id is None and self.text is None:
+            raise ValueError("each document needs a text, an indexed id, or both")
+        return self
+
+
+class RerankRequest(Strict):
+    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS)
+    documents: list[str | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
+    top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
+    return_documents: bool = False
+    model: Literal["cmc", "ce"] = Field("cmc", description="Reranker: CMC (default) or the cross-encoder.")
+
+
+class RerankResult(Reply):
+    index: int = Field(..., description="Position of the document in the request.")
+    relevance_score: float
+    document: DocumentOut | None = None
+
+
+class RerankResponse(Reply):
+    results: list[RerankResult]
+    timings_ms: dict[str, float]
+    model: str
+    index_version: int
+    warnings: list[str] = Field(default_factory=list)
+
+
+# -- health -------------------------------------------------------------------------------------------------
+class Health(Reply):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(Reply):
+    status: Literal["ready"] = "ready"
+    index_size: int
+    index_version: int
+    index_dir: str
+    models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder).")
+    device: str

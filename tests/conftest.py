@@ -1,0 +1,40 @@
+"""Session-wide real components: the packaged bi-encoder is loaded once; indexes are built once per session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.text_encoder import EncoderLengths, TextEncoder
+from models.weights import default_model_path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+DEMO_CORPUS = REPO / "service" / "demo_corpus.jsonl"
+
+
+def data_dir(name: str) -> Path:
+    """The real BEIR folder; skips with a reason outside CI when it is absent (CI always has it)."""
+    path = DATA / name
+    if not (path / "corpus.jsonl").is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing in CI")
+        pytest.skip(f"real data not found at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """Embedding cache shared across sessions on this machine (keyed by model and corpus hash), so the SciFact
+    encoding (minutes) is paid once per machine."""
+    path = Path(os.environ.get("SIEVE_TEST_CACHE", Path.home() / ".cache" / "sieve-tests"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def biencoder() -> TextEncoder:
+    torch.manual_seed(0)
+    return TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths(64, 256))
