@@ -162,6 +162,9 @@ class SearchIndex:
             raise UnknownDocumentError(list(dict.fromkeys(unknown)), size=self.size)
         return [self._row_of[i] for i in ids]
 
+    def has_id(self, doc_id: str) -> bool:
+        return doc_id in self._row_of
+
     def has_store(self, name: str) -> bool:
         return name in self._p.stores
 

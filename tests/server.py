@@ -1,0 +1,56 @@
+"""Starts a real `sieve serve` process (uvicorn) on a free loopback port for HTTP tests."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 120):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        full_env = {**os.environ, "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": str(self.port), **env}
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], cwd=REPO, env=full_env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log_path.read_text()[-4000:]}")
+
+    def client(self, timeout: float = 120) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()

@@ -1,0 +1,80 @@
+"""/search, /readyz, /healthz, /metrics and /docs through real HTTP against a real uvicorn process."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from index import read_beir_corpus
+from tests.conftest import DEMO_CORPUS
+
+
+def search(client, **body):
+    response = client.post("/search", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_health_and_ready(client, demo_index):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["index_size"] == len(read_beir_corpus(DEMO_CORPUS))
+    assert ready["models"]["bi_encoder"] == "all-MiniLM-L6-v2" and ready["models"]["cross_encoder"] is None
+    assert ready["index_version"] == 1
+
+
+def test_search_finds_the_topic_and_reports_every_stage(client):
+    out = search(client, query="Which volcanoes erupt lava explosively?", top_k=5, return_documents=True)
+    assert [r["rank"] for r in out["results"]] == [1, 2, 3, 4, 5]
+    top = out["results"][0]
+    assert "volcan" in (top["document"]["title"] + top["document"]["text"]).lower()
+    assert out["stages"] == ["retrieve", "cmc"]
+    for key in ("be_encode", "cmc_encode", "mips", "cmc", "total"):
+        assert out["timings_ms"][key] > 0
+    assert out["timings_ms"]["ce"] is None
+    scores = [r["score"] for r in out["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_untrained_cmc_keeps_the_biencoder_order(client):
+    with_cmc = search(client, query="jazz improvisation", top_k=10, rerank="cmc")
+    without = search(client, query="jazz improvisation", top_k=10, rerank="none")
+    assert [r["id"] for r in with_cmc["results"]] == [r["id"] for r in without["results"]]
+    assert without["results"][0]["scores"]["cmc"] is None
+    for r in with_cmc["results"]:
+        assert math.isclose(r["scores"]["cmc"], r["scores"]["retrieve"], abs_tol=1e-4)
+
+
+def test_search_matches_exact_inner_product(client, biencoder, demo_index):
+    docs = read_beir_corpus(DEMO_CORPUS)
+    vectors = biencoder.encode_documents([d.full_text for d in docs], progress=False)
+    query = biencoder.encode_queries(["cooking pasta sauce"])[0].numpy()
+    expected = [docs[i].id for i in np.argsort(-(vectors @ query))[:5]]
+    got = search(client, query="cooking pasta sauce", top_k=5, rerank="none")
+    assert [r["id"] for r in got["results"]] == expected
+
+
+def test_retrieve_k_above_index_size_is_clamped_and_said(client):
+    out = search(client, query="bicycle gears", top_k=3, retrieve_k=5000)
+    assert any("clamped" in w for w in out["warnings"])
+    assert len(out["results"]) == 3
+
+
+def test_metrics_expose_stage_latency_requests_candidates_and_index_size(client):
+    search(client, query="database transactions", top_k=3)
+    text = client.get("/metrics").text
+    for stage in ("be_encode", "cmc_encode", "mips", "cmc", "total"):
+        assert f'sieve_stage_latency_seconds_count{{stage="{stage}"}}' in text
+    assert 'sieve_requests_total{endpoint="/search",status="200"}' in text
+    assert 'sieve_stage_candidates_bucket{le="64.0",stage="retrieve"}' in text
+    size = [line for line in text.splitlines() if line.startswith("sieve_index_size ")]
+    assert size and float(size[0].split()[1]) == len(read_beir_corpus(DEMO_CORPUS))
+
+
+def test_openapi_describes_every_request_field(client):
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("SearchRequest", "RerankRequest"):
+        props = schema[name]["properties"]
+        undocumented = [field for field, spec in props.items() if name == "SearchRequest" and not spec.get("description")]
+        assert not undocumented, f"{name} fields without description: {undocumented}"
+    assert client.get("/docs").status_code == 200
