@@ -5,10 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
-
-from models.text_encoder import EncoderLengths, TextEncoder
-from models.weights import default_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -35,6 +31,11 @@ def cache_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def biencoder() -> TextEncoder:
+def biencoder():
+    import torch  # heavy imports inside the fixture: tests that need no model start fast
+
+    from models.text_encoder import EncoderLengths, TextEncoder
+    from models.weights import default_model_path
+
     torch.manual_seed(0)
     return TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths(64, 256))
