@@ -95,11 +95,15 @@ def cmd_delete(args, settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> None:
+    """Loads models and index before uvicorn starts, so a bad index or model ends with one clear line."""
     import uvicorn
 
     from service.app import create_app
+    from service.components import load_components
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    components = load_components(settings)
+    app = create_app(settings, loader=lambda _: components)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
 
 
 def cmd_demo(args, settings: Settings) -> None:
