@@ -1,0 +1,1 @@
+"""Training: candidate mining from the bi-encoder, CMC and cross-encoder trainers."""
