@@ -25,20 +25,35 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--nlist", type=int, help="IVF cells (default ~4*sqrt(N))")
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
     build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
+    build.set_defaults(func=cmd_build)
     add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
     add.add_argument("--index", required=True, type=Path)
     add.add_argument("--corpus", required=True, type=Path)
     add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
+    add.set_defaults(func=cmd_add)
     delete = index.add_parser("delete", help="delete documents by id")
     delete.add_argument("--index", required=True, type=Path)
     delete.add_argument("ids", nargs="+")
+    delete.set_defaults(func=cmd_delete)
 
     serve = sub.add_parser("serve", help="serve an index (settings from SIEVE_* environment variables)")
     add_server_args(serve)
+    serve.set_defaults(func=lambda args, settings: run_server(settings))
     demo = sub.add_parser("demo", help="build a demo index (bundled corpus or --corpus) if needed, then serve it")
     demo.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="BEIR corpus.jsonl (default: bundled demo)")
     add_server_args(demo)
+    demo.set_defaults(func=cmd_demo)
+    register_plugins(sub)
     return parser
+
+
+def register_plugins(sub) -> None:
+    """Training and evaluation commands live beside their code; each module adds its own sub-commands."""
+    from evaluation import cli as eval_cli
+    from training import cli as train_cli
+
+    train_cli.register(sub)
+    eval_cli.register(sub)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +109,7 @@ def cmd_delete(args, settings: Settings) -> None:
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
 
 
-def serve(settings: Settings) -> None:
+def run_server(settings: Settings) -> None:
     """Loads models and index before uvicorn starts, so a bad index or model ends with one clear line."""
     import uvicorn
 
@@ -121,7 +136,7 @@ def cmd_demo(args, settings: Settings) -> None:
     if stale:
         print(f"building the demo index at {settings.index_dir} from {args.corpus} ({len(docs)} documents)", file=sys.stderr)
         build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir)
-    serve(settings)
+    run_server(settings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,12 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
     try:
-        if args.command == "index":
-            {"build": cmd_build, "add": cmd_add, "delete": cmd_delete}[args.index_command](args, settings)
-        elif args.command == "serve":
-            serve(settings)
-        else:
-            cmd_demo(args, settings)
+        args.func(args, settings)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise SystemExit(f"sieve: {exc}") from None
 
