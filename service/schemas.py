@@ -38,7 +38,7 @@ class ErrorInfo(Reply):
 
 
 class ErrorResponse(Reply):
-    error: ErrorInfo
+    error: ErrorInfo = Field(..., description="What went wrong and what is allowed.")
 
 
 # -- /search ------------------------------------------------------------------------------------------------
@@ -62,8 +62,8 @@ class SearchHit(Reply):
     id: str = Field(..., description="Document id.")
     rank: int = Field(..., description="1-based rank.")
     score: float = Field(..., description="Score of the last stage that ranked this result.")
-    scores: StageScores
-    document: DocumentOut | None = None
+    scores: StageScores = Field(..., description="Score from each stage (null where a stage did not score it).")
+    document: DocumentOut | None = Field(None, description="Title and text, when return_documents is true.")
 
 
 class SearchTimings(Reply):
@@ -76,8 +76,8 @@ class SearchTimings(Reply):
 
 
 class SearchResponse(Reply):
-    results: list[SearchHit]
-    timings_ms: SearchTimings
+    results: list[SearchHit] = Field(..., description="Ranked results, best first.")
+    timings_ms: SearchTimings = Field(..., description="Per-stage latency in milliseconds.")
     index_version: int = Field(..., description="Version of the index that answered.")
     stages: list[str] = Field(..., description="Stages that ran, in order.")
     warnings: list[str] = Field(default_factory=list, description="E.g. retrieve_k clamped, query truncated.")
@@ -96,36 +96,36 @@ class RerankDocument(Strict):
 
 
 class RerankRequest(Strict):
-    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS)
+    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     documents: list[str | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
-    return_documents: bool = False
+    return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
     model: Literal["cmc", "ce"] = Field("cmc", description="Reranker: CMC (default) or the cross-encoder.")
 
 
 class RerankResult(Reply):
     index: int = Field(..., description="Position of the document in the request.")
-    relevance_score: float
-    document: DocumentOut | None = None
+    relevance_score: float = Field(..., description="Score of the chosen reranker (higher is more relevant).")
+    document: DocumentOut | None = Field(None, description="The document, when return_documents is true.")
 
 
 class RerankResponse(Reply):
-    results: list[RerankResult]
-    timings_ms: dict[str, float]
-    model: str
-    index_version: int
-    warnings: list[str] = Field(default_factory=list)
+    results: list[RerankResult] = Field(..., description="Documents ranked best first.")
+    timings_ms: dict[str, float] = Field(..., description="Per-stage latency in ms (cmc_encode, candidate_encode, cmc or ce, total).")
+    model: str = Field(..., description="The reranker that ranked them.")
+    index_version: int = Field(..., description="Version of the index whose stored vectors were used.")
+    warnings: list[str] = Field(default_factory=list, description="E.g. query truncated.")
 
 
 # -- health -------------------------------------------------------------------------------------------------
 class Health(Reply):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok"] = Field("ok", description="Always ok while the process answers.")
 
 
 class Ready(Reply):
-    status: Literal["ready"] = "ready"
-    index_size: int
-    index_version: int
-    index_dir: str
+    status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
+    index_size: int = Field(..., description="Documents in the live index.")
+    index_version: int = Field(..., description="Version of the live index.")
+    index_dir: str = Field(..., description="Index directory being served.")
     models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder).")
-    device: str
+    device: str = Field(..., description="Torch device the models run on.")
