@@ -34,6 +34,8 @@ COPY models ./models
 COPY index ./index
 COPY pipeline ./pipeline
 COPY service ./service
+COPY evaluation ./evaluation
+COPY training ./training
 RUN pip install --no-deps . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 sieve \
