@@ -142,6 +142,7 @@ def cmd_demo(args, settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise to users
     settings = settings_from(args)
     try:
         args.func(args, settings)
