@@ -1,0 +1,90 @@
+"""Runs each named pipeline over the judged queries of a split through a backend and summarises it.
+
+A pipeline is a SearchParams recipe; the backend (in-process Searcher or HTTP) decides where it runs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from evaluation.backends import QueryResult
+from evaluation.dataset import EvalData
+from evaluation.summary import summarize
+from pipeline.searcher import SearchParams
+
+STAGE_HELP = {"cmc": "the CMC stage (SIEVE_CMC_ENABLED=true)",
+              "ce": "a cross-encoder (SIEVE_CROSS_ENCODER_PATH)"}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    retrieve_k: int = 512  # bi-encoder candidates (what CMC reranks)
+    cmc_k: int = 16  # K': candidates CMC passes to the cross-encoder in be+cmc+ce
+    ce_k: int = 64  # candidates the bi-encoder passes to the cross-encoder in be+ce
+    top_k: int = 100  # ranking depth kept per query: Recall@100 needs 100
+
+    def __post_init__(self):
+        if self.retrieve_k < self.top_k:
+            raise ValueError(f"retrieve_k {self.retrieve_k} must be >= {self.top_k} "
+                             f"(rankings are scored to depth {self.top_k})")
+        for name in ("cmc_k", "ce_k"):
+            if not 1 <= getattr(self, name) <= self.retrieve_k:
+                raise ValueError(f"{name} {getattr(self, name)} must be in 1..retrieve_k ({self.retrieve_k})")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    needs: tuple[str, ...]  # optional stages that must be loaded
+    rerank: str  # SearchParams.rerank
+    cross_encoder: bool
+    ce_input: str = "ce_k"  # EvalConfig field: how many candidates reach the cross-encoder
+
+    def params(self, query: str, cfg: EvalConfig) -> SearchParams:
+        return SearchParams(query, top_k=cfg.top_k, retrieve_k=cfg.retrieve_k, rerank=self.rerank,
+                            cmc_k=getattr(cfg, self.ce_input), cross_encoder=self.cross_encoder)
+
+
+PIPELINES = {
+    "be": Pipeline((), "none", False),
+    "be+cmc": Pipeline(("cmc",), "cmc", False),
+    "be+ce": Pipeline(("ce",), "none", True, "ce_k"),
+    "be+cmc+ce": Pipeline(("cmc", "ce"), "cmc", True, "cmc_k"),
+}
+
+
+def parse_pipelines(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PIPELINES]
+    if unknown or not names:
+        raise ValueError(f"unknown pipeline(s) {unknown or text!r}; allowed: {', '.join(PIPELINES)}")
+    return list(dict.fromkeys(names))
+
+
+def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig) -> dict:
+    """One warm-up query first, so lazy initialisation (thread pools, allocator) stays out of the latencies."""
+    backend.search(pipeline.params(next(iter(data.queries.values())), cfg))
+    rankings, timings, pairs = {}, [], []
+    for qid, text in data.queries.items():
+        result: QueryResult = backend.search(pipeline.params(text, cfg))
+        rankings[qid] = result.ids
+        timings.append(result.timings_ms)
+        pairs.append(result.ce_pairs)
+    return summarize(rankings, timings, pairs, data.qrels)
+
+
+def run_pipelines(backend, data: EvalData, names: list[str], cfg: EvalConfig,
+                  log: Callable[[str], None] = print) -> dict[str, dict]:
+    """Pipelines whose stages the backend lacks are skipped with a message; the others run in order."""
+    results = {}
+    for name in names:
+        pipeline = PIPELINES[name]
+        missing = [stage for stage in pipeline.needs if stage not in backend.stages]
+        if missing:
+            log(f"skipping {name}: it needs {' and '.join(STAGE_HELP[s] for s in missing)}, which is not configured")
+            continue
+        started = time.perf_counter()
+        results[name] = run_pipeline(backend, pipeline, data, cfg)
+        log(f"{name}: {len(data.queries)} queries in {time.perf_counter() - started:.1f}s, "
+            f"nDCG@10 {results[name]['ndcg@10']:.4f}")
+    return results
