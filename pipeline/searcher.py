@@ -89,8 +89,8 @@ class Searcher:
     def plan(self, params: SearchParams, retrieve_k: int) -> list[Stage]:
         stages: list[Stage] = [Retrieve(self.index, retrieve_k)]
         if params.rerank == "cmc":
-            keep = params.cmc_k if params.cross_encoder else None
-            stages.append(CMCRerank(self.require_cmc(), self.index, keep=keep))
+            # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
+            stages.append(CMCRerank(self.require_cmc(), self.index))
         if params.cross_encoder:
             stages.append(CrossEncoderRerank(self.require_cross_encoder(), self.index, params.cmc_k))
         return stages

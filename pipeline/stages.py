@@ -41,14 +41,13 @@ class Retrieve:
 
 
 class CMCRerank:
-    """Scores every candidate in the context of all the others, keeps the best `keep`."""
+    """Scores every candidate in the context of all the others and sorts them by that score."""
 
     name = "cmc"
 
-    def __init__(self, bundle: CMCBundle, index, keep: int | None = None):
+    def __init__(self, bundle: CMCBundle, index):
         self.bundle = bundle
         self.index = index
-        self.keep = keep
 
     def candidate_vectors(self, candidates: Candidates) -> np.ndarray:
         if candidates.vectors is not None:
@@ -65,8 +64,7 @@ class CMCRerank:
             query = state.query_vectors["cmc"].to(device)[None]  # (1, d)
             with torch.inference_mode():
                 scores = self.bundle.model(query, vectors)[0].float().cpu().numpy()  # (K,)
-        ranked = cands.rerank_head("cmc", scores)
-        state.candidates = ranked if self.keep is None else ranked.take(np.arange(min(self.keep, len(ranked))))
+        state.candidates = cands.rerank_head("cmc", scores)
         state.candidates.validate()
         return state
 
