@@ -38,19 +38,22 @@ def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0) -
     return CMCBundle(cfg, model, biencoder.copy("cmc-query"), candidate, "cmc-untrained", biencoder.weights_hash)
 
 
-def save_cmc(bundle: CMCBundle, out_dir: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
+def save_cmc(bundle: CMCBundle, out_dir: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None,
+             towers_from_base: bool = False) -> Path:
+    """towers_from_base: the towers were frozen copies of the bi-encoder, so only the layers are stored and
+    loading takes the towers from the configured bi-encoder (a 7 MB checkpoint instead of 50 MB)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in bundle.model.state_dict().items()}
     save_file(state, str(out / "cmc.safetensors"))
     towers = {"query_tower": bundle.query_tower, "candidate_tower": bundle.candidate_tower}
     for folder, tower in towers.items():
-        if tower is not None:
+        if tower is not None and not towers_from_base:
             half = {k: v.detach().to("cpu", dtype).contiguous() for k, v in tower.module.transformer.state_dict().items()}
             tower.module.transformer.save_pretrained(out / folder, state_dict=half, safe_serialization=True)
             tower.tokenizer.save_pretrained(out / folder)
     config = {"format": FORMAT, "name": bundle.name, "cmc": bundle.config.to_dict(),
-              "base_model_hash": bundle.base_model_hash, "metadata": metadata or {}}
+              "base_model_hash": bundle.base_model_hash, "towers_from_base": towers_from_base, "metadata": metadata or {}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
@@ -64,17 +67,21 @@ def load_cmc(path: str | Path, biencoder: TextEncoder) -> CMCBundle:
     if config.get("format") != FORMAT:
         raise ValueError(f"CMC checkpoint {path} has format {config.get('format')!r}; this Sieve reads format {FORMAT}")
     cfg = CMCConfig(**config["cmc"])
-    if cfg.mode == "shared" and config["base_model_hash"] != biencoder.weights_hash:
+    from_base = config.get("towers_from_base", False)
+    if (cfg.mode == "shared" or from_base) and config["base_model_hash"] != biencoder.weights_hash:
         raise ValueError(
             f"CMC checkpoint {path} (shared mode) was trained on bi-encoder weights sha256 "
             f"{config['base_model_hash'][:12]}…, but the configured bi-encoder is {biencoder.weights_hash[:12]}…; "
-            "shared mode scores the bi-encoder's own document vectors, so both must match")
+            "shared mode scores the bi-encoder's own document vectors (and frozen towers are the bi-encoder itself), "
+            "so both must match")
     model = CMC(cfg)
     state = {k: v.float() for k, v in load_file(str(path / "cmc.safetensors")).items()}
     model.load_state_dict(state)
     model.to(biencoder.device).eval()
 
     def tower(folder: str) -> TextEncoder:
+        if from_base:  # frozen copy of the bi-encoder: share it (the searcher then encodes the query once)
+            return biencoder
         return TextEncoder.from_pretrained(path / folder, name=f"{config['name']}-{folder}",
                                            lengths=biencoder.lengths, device=biencoder.device,
                                            batch_size=biencoder.batch_size)

@@ -75,15 +75,22 @@ class Searcher:
         return state
 
     def encode_query(self, state: QueryState, towers: dict[str, TextEncoder]) -> None:
-        """The bi-encoder and CMC query towers run concurrently; each stage's time is recorded on its own."""
-        def run(name: str, tower: TextEncoder):
+        """The bi-encoder and CMC query towers run concurrently; each stage's time is recorded on its own.
+        A CMC whose query tower is the bi-encoder itself (frozen towers) shares its single encoding."""
+        names_of: dict[int, list[str]] = {}
+        for name, tower in towers.items():
+            names_of.setdefault(id(tower), []).append(name)
+        jobs = [(names, towers[names[0]]) for names in names_of.values()]
+
+        def run(names: list[str], tower: TextEncoder):
             start = time.perf_counter()
             vector = tower.encode_queries([state.query])[0]
-            return name, vector, (time.perf_counter() - start) * 1000
+            return names, vector, (time.perf_counter() - start) * 1000
 
-        for name, vector, ms in self.pool.map(lambda item: run(*item), towers.items()):
-            state.query_vectors[name] = vector
-            state.timings_ms[f"{name}_encode"] = ms
+        for names, vector, ms in self.pool.map(lambda job: run(*job), jobs):
+            state.timings_ms[f"{names[0]}_encode"] = ms
+            for name in names:
+                state.query_vectors[name] = vector
 
     # -- /search ----------------------------------------------------------------------------------------------
     def plan(self, params: SearchParams, retrieve_k: int) -> list[Stage]:

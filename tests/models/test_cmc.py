@@ -111,3 +111,16 @@ def test_shared_checkpoint_refuses_another_biencoder(biencoder, tmp_path):
     bundle.base_model_hash = "0" * 64
     with pytest.raises(ValueError, match="shared mode"):
         load_cmc(save_cmc(bundle, tmp_path / "cmc"), biencoder)
+
+
+def test_layers_only_checkpoint_takes_towers_from_the_biencoder(biencoder, tmp_path):
+    bundle = untrained_cmc(biencoder)
+    randomize_gates(bundle.model, seed=4)
+    path = save_cmc(bundle, tmp_path / "cmc", towers_from_base=True)
+    assert not (path / "query_tower").exists()
+    loaded = load_cmc(path, biencoder)
+    assert loaded.query_tower is biencoder
+    c = unit(1, 10, 384, seed=14)
+    q = biencoder.encode_queries(["lava flows"])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.model(q, c), bundle.model(q, c), atol=2e-2, rtol=2e-2)
