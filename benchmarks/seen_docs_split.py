@@ -1,0 +1,57 @@
+"""How much of a trained reranker's test gain comes from documents it saw as relevant in training?
+
+SciFact's test claims often cite abstracts that train claims cite too (and NFCorpus's nearly always do), so a
+model trained on the train split can learn a prior over those documents. This splits the test queries into
+"seen" (some relevant document is also relevant to a train query) and "unseen", and reports nDCG@10 of the
+bi-encoder and of BE+CMC on each. Usage:
+  SIEVE_INDEX_DIR=... SIEVE_CMC_PATH=... python benchmarks/seen_docs_split.py --data ../shared/data/scifact
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evaluation.metrics import mean_metric, ndcg_at_k  # noqa: E402
+from index import read_qrels, read_queries  # noqa: E402
+from pipeline.searcher import SearchParams  # noqa: E402
+from service.components import load_components  # noqa: E402
+from service.config import Settings  # noqa: E402
+
+
+def relevant(qrels: dict) -> set[str]:
+    return {d for judged in qrels.values() for d, g in judged.items() if g > 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--train-splits", default="train", help="comma-separated splits the model trained on")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    test = read_qrels(args.data / "qrels" / "test.tsv")
+    seen_docs = set().union(*(relevant(read_qrels(args.data / "qrels" / f"{s}.tsv")) for s in args.train_splits.split(",")))
+    queries = read_queries(args.data / "queries.jsonl")
+    searcher = load_components(Settings()).searcher
+    runs = {"be": {}, "be+cmc": {}}
+    for qid in test:
+        for name, rerank in (("be", "none"), ("be+cmc", "cmc")):
+            out = searcher.search(SearchParams(queries[qid], top_k=10, retrieve_k=512, rerank=rerank))
+            runs[name][qid] = searcher.index.ids(out.candidates.rows)
+    groups = {"all": test,
+              "seen": {q: j for q, j in test.items() if relevant({q: j}) & seen_docs},
+              "unseen": {q: j for q, j in test.items() if not relevant({q: j}) & seen_docs}}
+    table = {g: {"queries": len(qr), **{n: round(mean_metric(ndcg_at_k, r, qr, 10), 4) for n, r in runs.items()}}
+             for g, qr in groups.items() if qr}
+    print("| queries | n | be nDCG@10 | be+cmc nDCG@10 |\n|---|---|---|---|")
+    for g, row in table.items():
+        print(f"| {g} | {row['queries']} | {row['be']} | {row['be+cmc']} |")
+    if args.out:
+        args.out.write_text(json.dumps({"dataset": args.data.name, "split": "test", "groups": table}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
