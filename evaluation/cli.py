@@ -1,12 +1,6 @@
-"""`sieve eval`: registered by the evaluation runner once it exists."""
+"""`sieve eval` is registered by the evaluation runner."""
 from __future__ import annotations
 
+from evaluation.runner_cli import register
 
-def register(sub) -> None:
-    try:
-        from evaluation.runner_cli import register as register_eval
-    except ModuleNotFoundError as exc:
-        if exc.name != "evaluation.runner_cli":
-            raise
-        return
-    register_eval(sub)
+__all__ = ["register"]
