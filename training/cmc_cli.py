@@ -5,8 +5,6 @@ Every option left out keeps the CMCTrainConfig default, so the defaults live in 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -65,8 +63,8 @@ def config_from(args: argparse.Namespace) -> CMCTrainConfig:
     return CMCTrainConfig(**given)
 
 
-def command_line() -> str:
-    return shlex.join(["sieve", *sys.argv[1:]])
+def command_line(args) -> str:
+    return args.command_line  # set by service.cli.main from the argument list it parsed
 
 
 def setup(settings):
@@ -86,7 +84,7 @@ def cmd_cmc(args: argparse.Namespace, settings) -> None:
 
     device, biencoder = setup(settings)
     result = train_cmc(config_from(args), args.data, biencoder, args.out, cache_dir=settings.cache_dir,
-                       resume=args.resume, command=command_line())
+                       resume=args.resume, command=command_line(args))
     metric = config_from(args).metric
     print(f"CMC checkpoint: {result.out_dir}")
     print(f"best dev {metric}: {result.metrics.get(metric, float('nan')):.4f} at step {result.best_step} of "
@@ -103,7 +101,7 @@ def cmd_distill(args: argparse.Namespace, settings) -> None:
                                            lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length))
     result = train_distill(config_from(args), args.queries, args.corpus, teacher, biencoder, args.out,
                            split=args.split, max_queries=args.max_queries, cache_dir=settings.cache_dir,
-                           resume=args.resume, command=command_line())
+                           resume=args.resume, command=command_line(args))
     m = {k: result.metrics.get(k, float("nan")) for k in ("kl", "be_kl", "top1_agreement", "be_top1_agreement")}
     print(f"CMC checkpoint: {result.out_dir}")
     print(f"best dev KL to the teacher: {m['kl']:.4f} at step {result.best_step} of {result.steps} "

@@ -28,16 +28,6 @@ FILLER = ["city traffic bus route", "tax form income deadline", "printer toner p
           "forest pine needle cone", "ocean wave surf tide"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The 2 cores are shared with other processes, and two OpenMP threads then wait on each other: a small training
-    step measured 3.5 s with 2 threads and 0.3 s with 1 under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_beir(tmp_path_factory) -> Path:
     """12 topic documents + 18 fillers; query i asks about topic i. 8 train queries (one with two positives), 4 dev."""

@@ -21,15 +21,6 @@ DEMO = Path(__file__).resolve().parents[2] / "service" / "demo_corpus.jsonl"
 TINY = CMCTrainConfig(k=16, batch_size=4, epochs=4, dev_fraction=0.25, eval_every=1000, log_every=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tensors here are tiny: a second intra-op thread only adds synchronisation on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def beir(tmp_path_factory) -> Path:
     """The 60-document demo corpus; 20 queries (two per topic, a document's title), two relevant documents each."""
