@@ -29,13 +29,19 @@ class CMCBundle:
     base_model_hash: str  # the bi-encoder whose document vectors (shared) / initial weights the towers came from
 
 
-def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0) -> CMCBundle:
-    """Towers initialised from the bi-encoder and identity layers: ranks exactly as the bi-encoder does."""
+def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0,
+                  share_query_tower: bool = False) -> CMCBundle:
+    """Towers initialised from the bi-encoder and identity layers: ranks exactly as the bi-encoder does.
+
+    share_query_tower: the query tower IS the bi-encoder (for serving, where an untrained tower equals it and the
+    searcher then encodes the query once); training needs its own copy (False) to update it.
+    """
     torch.manual_seed(seed)
     cfg = CMCConfig(mode=mode, dim=biencoder.dim)
     model = CMC(cfg).to(biencoder.device).eval()
     candidate = biencoder.copy("cmc-candidate") if mode == "separate" else None
-    return CMCBundle(cfg, model, biencoder.copy("cmc-query"), candidate, "cmc-untrained", biencoder.weights_hash)
+    query = biencoder if share_query_tower else biencoder.copy("cmc-query")
+    return CMCBundle(cfg, model, query, candidate, "cmc-untrained", biencoder.weights_hash)
 
 
 def save_cmc(bundle: CMCBundle, out_dir: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None,

@@ -13,6 +13,7 @@ from models.device import pick_device
 from models.text_encoder import EncoderLengths, TextEncoder
 from pipeline.searcher import Searcher
 from service.config import Settings
+from service.runtime import searcher_options
 
 log = logging.getLogger("sieve")
 
@@ -48,7 +49,9 @@ def load_components(settings: Settings) -> Components:
                              nprobe=settings.nprobe, ef_search=settings.ef_search)
     cmc = None
     if settings.cmc_enabled:
-        cmc = load_cmc(settings.cmc_path, biencoder) if settings.cmc_path else untrained_cmc(biencoder)
+        # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
+        cmc = load_cmc(settings.cmc_path, biencoder) if settings.cmc_path else \
+            untrained_cmc(biencoder, share_query_tower=True)
         if cmc.config.mode == "separate" and not index.has_store("cmc"):
             raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "
                              f"{settings.index_dir} has no 'cmc' embedding store; build it with "
@@ -59,5 +62,5 @@ def load_components(settings: Settings) -> Components:
             settings.cross_encoder_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
             device=device, batch_size=settings.ce_batch_size)
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
-    searcher = Searcher(biencoder, index, cmc, cross_encoder, query_overflow=settings.query_overflow)
+    searcher = Searcher(biencoder, index, cmc, cross_encoder, **searcher_options(settings))
     return Components(searcher, str(device))
