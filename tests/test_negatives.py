@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.negatives import MiningConfig, mine_candidates, top_k_rows
+from training.negatives import MiningConfig, mine_candidates, mine_listwise, top_k_rows
 
 
 def test_mixed_negatives():
@@ -36,3 +36,24 @@ def test_top_k_rows_matches_argsort():
     expected = np.argsort(-(q @ d.T), axis=1)[:, :10]
     assert np.array_equal(rows, expected)
     np.testing.assert_allclose(scores, np.take_along_axis(q @ d.T, expected, axis=1), rtol=1e-6)
+
+
+def test_listwise_mining_keeps_relevant_documents_and_stays_in_the_pool():
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=500).astype(np.float32)
+    ranked = np.argsort(-scores, kind="stable")
+    relevant = {int(ranked[0]), int(ranked[40]), int(ranked[450])}  # rank 450 lies outside the pool
+    cfg = MiningConfig(k=20, hard_fraction=0.5, pool=100)
+    rows = mine_listwise(scores, relevant, cfg, np.random.default_rng(1))
+    assert len(rows) == 20 and len(set(rows.tolist())) == 20
+    assert set(rows.tolist()) <= set(ranked[:100].tolist())  # nothing from beyond the pool
+    assert rows[:10].tolist() == ranked[:10].tolist()  # p * K fixed as the top-ranked, relevant ones included
+    assert np.array_equal(rows, mine_listwise(scores, relevant, cfg, np.random.default_rng(1)))
+
+
+def test_listwise_mining_inserts_a_relevant_document_or_gives_up():
+    scores = -np.arange(500, dtype=np.float32)  # row r has rank r
+    cfg = MiningConfig(k=10, hard_fraction=0.5, pool=100)
+    rows = mine_listwise(scores, {90}, cfg, np.random.default_rng(0))
+    assert 90 in rows.tolist() and rows[:5].tolist() == [0, 1, 2, 3, 4]
+    assert mine_listwise(scores, {300}, cfg, np.random.default_rng(0)) is None  # relevant only beyond the pool

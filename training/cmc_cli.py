@@ -8,7 +8,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from training.cmc_train import REGIMES, CMCTrainConfig
+from training.cmc_train import OBJECTIVES, REGIMES, CMCTrainConfig
 
 # option -> CMCTrainConfig field (argparse's dest is the field name)
 COMMON = {
@@ -26,6 +26,13 @@ COMMON = {
     "--seed": dict(type=int),
 }
 LABELLED = {
+    "--objective": dict(choices=OBJECTIVES, help="gold: one list per (query, relevant document), the other relevant "
+                                                "documents kept out; listwise: one list per query, every relevant "
+                                                "document in it a graded target"),
+    "--pool": dict(type=int, help="candidates are mined from the bi-encoder's top POOL"),
+    "--sample-temperature": dict(type=float, dest="sample_temperature",
+                                 help="sampled candidates are drawn in proportion to exp(cosine / T)"),
+    "--dev-k": dict(type=int, dest="dev_k", help="dev: CMC reranks the bi-encoder's top DEV_K (serving: retrieve_k)"),
     "--hard-fraction": dict(type=float, dest="hard_fraction", help="share of negatives fixed as the top-ranked"),
     "--lambda-ce": dict(type=float, dest="lambda_ce"), "--lambda-kl": dict(type=float, dest="lambda_kl"),
     "--metric": dict(choices=["ndcg@10", "mrr@10"], help="dev metric that selects the checkpoint"),

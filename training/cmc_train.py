@@ -44,18 +44,23 @@ from models.text_encoder import TextEncoder
 from training.checkpointing import (FitResult, LoopConfig, TrainLog, check_can_start, fit, git_commit, seed_all,
                                     warmup_linear_schedule)
 from training.data import Split, corpus_vectors, hold_out, load_split
-from training.losses import cmc_loss, listwise_kl
-from training.negatives import MiningConfig, mine_candidates, top_k_rows
+from training.losses import cmc_listwise_loss, cmc_loss, listwise_kl
+from training.negatives import MiningConfig, mine_candidates, mine_listwise, top_k_rows
 
 REGIMES = ("layers", "shared", "separate")
+OBJECTIVES = ("gold", "listwise")
 METRICS = {"ndcg@10": ndcg_at_k, "mrr@10": mrr_at_k}
 
 
 @dataclass(frozen=True)
 class CMCTrainConfig:
     regime: str = "layers"
-    k: int = 64  # candidates per query in training and dev reranking (distillation: 32, CE cost)
+    objective: str = "gold"  # gold: one example per relevant document; listwise: one per query, graded targets
+    k: int = 64  # candidates per query in training (distillation: 32, CE cost)
     hard_fraction: float = 0.5  # p: share of negatives fixed as the bi-encoder's top-ranked
+    pool: int = 1024  # candidates are mined from the bi-encoder's top `pool`
+    sample_temperature: float = 1.0  # sampled candidates drawn in proportion to exp(cosine / T)
+    dev_k: int = 512  # dev: CMC reranks the bi-encoder's top dev_k, as serving does (retrieve_k)
     lambda_ce: float = 1.0
     lambda_kl: float = 1.0
     retriever_scale: float = 20.0  # r = softmax(scale * bi-encoder cosine)
@@ -77,6 +82,8 @@ class CMCTrainConfig:
     def __post_init__(self):
         if self.regime not in REGIMES:
             raise ValueError(f"regime {self.regime!r} is not one of {REGIMES}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective {self.objective!r} is not one of {OBJECTIVES}")
         if self.metric not in METRICS:
             raise ValueError(f"metric {self.metric!r} is not one of {tuple(METRICS)}")
         if self.k < 2 or self.batch_size < 1 or self.epochs < 1 or not 0 <= self.hard_fraction <= 1:
@@ -141,10 +148,11 @@ class Batch:
     mask: torch.Tensor  # (B, K) True for real candidates (padding only at the end of a row)
     be_scores: torch.Tensor  # (B, K) bi-encoder cosine, 0 in padding
     target: torch.Tensor | None = None  # (B, K) teacher scores (distillation)
+    relevance: torch.Tensor | None = None  # (B, K) graded labels, 0 for non-relevant and padding (listwise)
 
 
 def make_batch(picks: list[tuple[Queries, int]], rows: np.ndarray, device: torch.device,
-               target: np.ndarray | None = None) -> Batch:
+               target: np.ndarray | None = None, relevance: np.ndarray | None = None) -> Batch:
     """rows (B, K) corpus rows, -1 for padding; each pick is (query set, query index)."""
     mask = rows >= 0
     cands = np.zeros(rows.shape + (picks[0][0].vectors.shape[1],), dtype=np.float32)  # (B, K, d)
@@ -154,7 +162,8 @@ def make_batch(picks: list[tuple[Queries, int]], rows: np.ndarray, device: torch
     texts = [[q.corpus.docs[r].full_text for r in rows[b, mask[b]]] for b, (q, _) in enumerate(picks)]
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return Batch([q.texts[i] for q, i in picks], to(qv), to(cands), texts, to(mask),
-                 to(np.einsum("bd,bkd->bk", qv, cands)), None if target is None else to(target.astype(np.float32)))
+                 to(np.einsum("bd,bkd->bk", qv, cands)), None if target is None else to(target.astype(np.float32)),
+                 None if relevance is None else to(relevance.astype(np.float32)))
 
 
 def pad_rows(lists: list[np.ndarray], k: int) -> np.ndarray:
@@ -237,7 +246,8 @@ class LabelledTask:
         if not self.examples:
             raise ValueError("no training examples: no training query has a judged-relevant document in its corpus")
         self.steps_per_epoch = math.ceil(len(self.examples) / cfg.batch_size)
-        self.mining = MiningConfig(k=cfg.k, hard_fraction=cfg.hard_fraction)
+        self.mining = MiningConfig(k=cfg.k, hard_fraction=cfg.hard_fraction, temperature=cfg.sample_temperature,
+                                   pool=cfg.pool)
         # (Q, N) bi-encoder scores of every training query, once: one matrix product instead of one per example
         self.scores = [qs.vectors @ qs.corpus.vectors.T for qs in train]
         self._plan: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -263,7 +273,50 @@ class LabelledTask:
         return parts.total, {"ce": float(parts.ce.detach()), "kl": float(parts.kl.detach())}
 
     def evaluate(self) -> dict[str, float]:
-        return dev_metrics(self.trainee, self.dev, self.cfg.k, self.device)
+        return dev_metrics(self.trainee, self.dev, self.cfg.dev_k, self.device)
+
+
+class ListwiseTask(LabelledTask):
+    """One example per query: candidates mined as serving sees them (the bi-encoder's top `pool`), every relevant
+    document among them labelled with its grade, loss = graded listwise CE + KL to the retriever."""
+
+    def __init__(self, trainee: Trainee, train: list[Queries], dev: list[Queries], cfg: CMCTrainConfig,
+                 device: torch.device):
+        super().__init__(trainee, train, dev, cfg, device)
+        self.examples = [(s, i, -1) for s, qs in enumerate(train) for i in range(len(qs.ids)) if positives(qs, i)]
+        self.steps_per_epoch = math.ceil(len(self.examples) / cfg.batch_size)
+
+    def plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Queries whose relevant documents all lie outside the pool are dropped from the epoch."""
+        if self._plan is None or self._plan[0] != epoch:
+            rng = np.random.default_rng([self.cfg.seed, epoch])
+            mined = [mine_listwise(self.scores[s][i], set(positives(self.train[s], i)), self.mining, rng)
+                     for s, i, _ in self.examples]
+            keep = np.array([e for e, rows in enumerate(mined) if rows is not None], dtype=np.int64)
+            rows = pad_rows([rows if rows is not None else np.zeros(0, np.int64) for rows in mined], self.cfg.k)
+            self._plan = (epoch, keep[rng.permutation(len(keep))], rows)
+        return self._plan[1], self._plan[2]
+
+    def batch(self, epoch: int, index: int) -> Batch:
+        order, rows = self.plan(epoch)
+        picks = order[index * self.cfg.batch_size:(index + 1) * self.cfg.batch_size]
+        if len(picks) == 0:  # queries dropped this epoch leave the last steps empty: repeat the epoch's first
+            picks = order[:self.cfg.batch_size]
+        queries = [(self.train[self.examples[e][0]], self.examples[e][1]) for e in picks]
+        grades = np.array([[grade_of(q, i, r) for r in rows[e]] for (q, i), e in zip(queries, picks)])
+        return make_batch(queries, rows[picks], self.device, relevance=grades)
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        parts = cmc_listwise_loss(self.trainee(batch), batch.be_scores * self.cfg.retriever_scale, batch.relevance,
+                                  batch.mask, self.cfg.lambda_ce, self.cfg.lambda_kl)
+        return parts.total, {"ce": float(parts.ce.detach()), "kl": float(parts.kl.detach())}
+
+
+def grade_of(queries: Queries, i: int, row: int) -> float:
+    """The judged grade of corpus row `row` for query i (0 when unjudged, not relevant, or padding)."""
+    if row < 0:
+        return 0.0
+    return float(max(queries.qrels[queries.ids[i]].get(queries.corpus.docs[row].id, 0), 0))
 
 
 def positives(queries: Queries, i: int) -> list[int]:
@@ -398,10 +451,11 @@ def train_cmc(cfg: CMCTrainConfig, data_dirs: list[Path], biencoder: TextEncoder
     seed_all(cfg.seed)
     sources = [load_labelled(Path(d), biencoder, cfg, cache_dir) for d in data_dirs]
     trainee = Trainee(untrained_cmc(biencoder, cfg.cmc_mode, seed=cfg.seed), cfg.regime)
-    task = LabelledTask(trainee, [t for t, _ in sources], [d for _, d in sources], cfg, biencoder.device)
+    task_type = ListwiseTask if cfg.objective == "listwise" else LabelledTask
+    task = task_type(trainee, [t for t, _ in sources], [d for _, d in sources], cfg, biencoder.device)
     data = [describe_source(Path(d), train, dev, cfg) for d, (train, dev) in zip(data_dirs, sources)]
-    data.append(f"{len(task.examples)} (query, relevant document) training examples per epoch, "
-                "candidates re-mined each epoch")
+    unit = "query" if cfg.objective == "listwise" else "(query, relevant document)"
+    data.append(f"{len(task.examples)} {unit} training examples per epoch, candidates re-mined each epoch")
     fingerprint = {"kind": "cmc", "config": asdict(cfg), "data": [str(Path(d).resolve()) for d in data_dirs],
                    "biencoder": biencoder.weights_hash}
     result = run_fit(trainee, task, cfg, out_dir, resume, fingerprint, cfg.metric, maximize=True)

@@ -67,3 +67,22 @@ def listwise_kl(student_scores: torch.Tensor, teacher_scores: torch.Tensor, mask
     log_s = masked_log_softmax(student_scores / temperature, mask)
     log_t = masked_log_softmax(teacher_scores.detach() / temperature, mask)
     return kl_rows(log_t, log_s, mask).mean()
+
+
+def cmc_listwise_loss(scores: torch.Tensor, retriever_scores: torch.Tensor, relevance: torch.Tensor,
+                      mask: torch.Tensor | None, lambda_ce: float, lambda_kl: float) -> CMCLoss:
+    """lambda_ce * CE(t, p) + lambda_kl * KL(p || r) for lists holding any number of relevant candidates.
+
+    t = relevance / its row sum (graded labels, 0 for non-relevant): every relevant candidate is pulled up in
+    proportion to its grade, none is pushed down as a negative (the single-gold loss with the other relevant
+    documents excluded teaches "exactly one candidate is relevant", which NFCorpus' ~40 per query contradicts).
+    """
+    check_scores(scores, retriever_scores, mask)
+    check_scores(scores, relevance, mask)
+    assert bool((relevance.sum(dim=1) > 0).all()), "every list needs a relevant candidate"
+    log_p = masked_log_softmax(scores, mask)  # (B, K)
+    log_r = masked_log_softmax(retriever_scores.detach(), mask)  # (B, K)
+    target = relevance / relevance.sum(dim=1, keepdim=True)  # (B, K)
+    ce = -(target * log_p).sum(dim=1).mean()
+    kl = kl_rows(log_p, log_r, mask).mean()
+    return CMCLoss(lambda_ce * ce + lambda_kl * kl, ce, kl)

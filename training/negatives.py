@@ -53,3 +53,27 @@ def top_k_rows(query_vectors: np.ndarray, doc_vectors: np.ndarray, k: int, chunk
         all_rows.append(np.take_along_axis(rows, order, axis=1))
         all_scores.append(np.take_along_axis(part, order, axis=1))
     return np.concatenate(all_scores), np.concatenate(all_rows)
+
+
+def mine_listwise(scores: np.ndarray, relevant: set[int], cfg: MiningConfig,
+                  rng: np.random.Generator) -> np.ndarray | None:
+    """(K,) corpus rows for the listwise objective, drawn the way serving sees candidates: all from the retriever's
+    top `pool` (set it to the retrieve_k CMC reranks), a fraction p the top-ranked, the rest sampled by exp(score).
+    Relevant documents are kept wherever they fall (they are labelled, not treated as negatives); when none was
+    drawn, one relevant document of the pool replaces the last sampled row. None when the pool holds no relevant
+    document: CMC can never move such a query's relevant documents into view, so it has nothing to learn from it.
+    """
+    pool = np.argsort(-scores, kind="stable")[: cfg.pool]
+    in_pool = pool[np.isin(pool, list(relevant))]
+    if len(in_pool) == 0:
+        return None
+    k = min(cfg.k, len(pool))
+    n_hard = int(round(cfg.hard_fraction * k))
+    hard, rest = pool[:n_hard], pool[n_hard:]
+    n_sampled = min(k - n_hard, len(rest))
+    sampled = rng.choice(rest, size=n_sampled, replace=False, p=softmax(scores[rest], cfg.temperature)) \
+        if n_sampled else rest[:0]
+    rows = np.concatenate([hard, sampled]).astype(np.int64)
+    if not np.isin(rows, in_pool).any():
+        rows[-1] = rng.choice(in_pool)
+    return rows

@@ -14,8 +14,9 @@ import torch
 
 from models.cmc_checkpoint import load_cmc, untrained_cmc
 from training.checkpointing import load_state, warmup_linear_schedule
-from training.cmc_train import CMCTrainConfig, LabelledTask, Trainee, load_labelled, train_cmc, train_distill
-from training.losses import cmc_loss, listwise_kl
+from training.cmc_train import (CMCTrainConfig, LabelledTask, ListwiseTask, Trainee, load_labelled, train_cmc,
+                                train_distill)
+from training.losses import cmc_listwise_loss, cmc_loss, listwise_kl
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "demo_corpus.jsonl"
 TINY = CMCTrainConfig(k=16, batch_size=4, epochs=4, dev_fraction=0.25, eval_every=1000, log_every=1)
@@ -55,7 +56,7 @@ def fixed_batch_loss(bundle, beir, biencoder, cache_dir, cfg) -> float:
     """CE + KL of `bundle` (eval mode) on the epoch-0 batches: the same candidates for every model compared."""
     train, dev = load_labelled(beir, biencoder, cfg, cache_dir)
     trainee = Trainee(bundle, cfg.regime).eval()
-    task = LabelledTask(trainee, [train], [dev], cfg, biencoder.device)
+    task = (ListwiseTask if cfg.objective == "listwise" else LabelledTask)(trainee, [train], [dev], cfg, biencoder.device)
     with torch.no_grad():
         return float(np.mean([task.loss(task.batch(0, i))[0] for i in range(task.steps_per_epoch)]))
 
@@ -92,6 +93,21 @@ def test_cmc_loss_on_a_hand_computed_toy():
     padded = cmc_loss(torch.tensor([[2.0, 1.0, 0.0, 9.0]]), torch.tensor([[0.0, 0.0, 0.0, -5.0]]),
                       torch.tensor([[True, True, True, False]]), 1.0, 0.5)
     assert padded.total.item() == pytest.approx(out.total.item(), abs=1e-6)
+
+
+def test_listwise_loss_on_a_hand_computed_toy():
+    scores, retriever = torch.tensor([[2.0, 1.0, 0.0, 5.0]]), torch.zeros(1, 4)
+    relevance = torch.tensor([[2.0, 0.0, 1.0, 0.0]])  # graded: target (2/3, 0, 1/3) over the 3 real candidates
+    mask = torch.tensor([[True, True, True, False]])
+    log_p = [s - math.log(math.exp(2) + math.exp(1) + 1) for s in (2.0, 1.0, 0.0)]
+    ce = -(2 / 3 * log_p[0] + 1 / 3 * log_p[2])
+    kl = sum(math.exp(lp) * (lp + math.log(3)) for lp in log_p)  # KL(p || uniform r)
+    out = cmc_listwise_loss(scores, retriever, relevance, mask, lambda_ce=1.0, lambda_kl=0.5)
+    assert out.ce.item() == pytest.approx(ce, abs=1e-6) and out.kl.item() == pytest.approx(kl, abs=1e-6)
+    assert out.total.item() == pytest.approx(ce + 0.5 * kl, abs=1e-6)
+    one_gold = cmc_loss(scores[:, :3], retriever[:, :3], None, 1.0, 0.5)  # a single relevant candidate: same loss
+    single = cmc_listwise_loss(scores[:, :3], retriever[:, :3], torch.tensor([[1.0, 0.0, 0.0]]), None, 1.0, 0.5)
+    assert single.total.item() == pytest.approx(one_gold.total.item(), abs=1e-6)
 
 
 def test_kl_term_is_zero_only_when_cmc_matches_the_retriever():
@@ -138,6 +154,18 @@ def test_layers_regime_lowers_the_loss_and_trains_only_the_layers(layers_run, be
         torch.testing.assert_close(trained.query_tower.module.state_dict()[name], value, rtol=0, atol=0)
     before = fixed_batch_loss(untrained_cmc(biencoder, "shared"), beir, biencoder, cache_dir, TINY)
     after = fixed_batch_loss(trained, beir, biencoder, cache_dir, TINY)
+    assert after < 0.8 * before, (before, after)
+
+
+def test_listwise_objective_lowers_its_loss(beir, biencoder, cache_dir, tmp_path):
+    cfg = replace(TINY, objective="listwise", pool=30, dev_k=30, epochs=8)  # relevant docs: in the top 30 of 60
+    result = train_cmc(cfg, [beir], biencoder, tmp_path / "listwise", cache_dir=cache_dir)
+    assert result.steps == 8 * 4  # one list per query: 15 queries / batch 4 = 4 steps per epoch
+    task_batch = ListwiseTask(Trainee(result.bundle, "layers"), *[[q] for q in load_labelled(beir, biencoder, cfg, cache_dir)],
+                              cfg, biencoder.device).batch(0, 0)
+    assert ((task_batch.relevance > 0).sum(dim=1) >= 1).all()  # every list holds a relevant document
+    before = fixed_batch_loss(untrained_cmc(biencoder, "shared"), beir, biencoder, cache_dir, cfg)
+    after = fixed_batch_loss(result.bundle, beir, biencoder, cache_dir, cfg)
     assert after < 0.8 * before, (before, after)
 
 
