@@ -58,6 +58,8 @@ class CrossEncoder:
 
     def tokenize_pairs(self, query: str | Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
         queries = [query] * len(documents) if isinstance(query, str) else list(query)
+        if hasattr(self.scorer, "mark_texts"):  # a head that reads marker tokens (emb) adds them to the texts
+            queries, documents = self.scorer.mark_texts(queries, documents)
         tok = self.tokenizer
         q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
         d_ids = tok(list(documents), add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
