@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .builder import add_documents, add_store, build_index, delete_documents
+from .changes import apply_changes
 from .corpus import Document, corpus_hash, read_beir_corpus, read_qrels, read_queries
 from .encoder import DocumentEncoder
 from .errors import (IndexFormatError, IndexMismatchError, IndexNotFoundError,
@@ -15,5 +16,5 @@ __all__ = [
     "DocumentEncoder", "IndexFormatError", "IndexMismatchError", "IndexNotFoundError",
     "UnknownDocumentError", "FORMAT_VERSION", "Manifest", "check_manifest",
     "build_index", "add_documents", "delete_documents", "add_store", "SearchIndex",
-    "build_faiss", "to_device",
+    "build_faiss", "to_device", "apply_changes",
 ]

@@ -1,22 +1,34 @@
-"""The front object: builds the stage list a request asks for and runs it. No HTTP, no settings object."""
+"""The front object: builds the stage list a request asks for and runs it. No HTTP, no settings object.
+
+Every request reads one index version from start to end (`state.index`), so a live swap of `self.index` never
+mixes versions inside a request. Model work goes through per-model runners (pipeline/batching.py): batched
+across concurrent requests, or one by one when batching is off; either way a stage can be given up on when its
+time budget runs out (pipeline/runner.py).
+"""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+import unicodedata
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
+import torch
 
 from models.cmc_checkpoint import CMCBundle
 from models.cross_encoder import CrossEncoder
 from models.text_encoder import TextEncoder
+from pipeline.batching import BatchConfig, Runners
 from pipeline.candidates import Candidates
 from pipeline.errors import QueryTooLong, RequestError, StageUnavailable
+from pipeline.rerank_inputs import RerankItem, rerank_candidates, resolve_texts
+from pipeline.runner import run_stage
 from pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
 from pipeline.state import QueryState
+from pipeline.threadsafe import lock_tokenizers
 
 RERANKERS = ("cmc", "none")
+__all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "normalise_query"]
 
 
 @dataclass(frozen=True)
@@ -27,14 +39,7 @@ class SearchParams:
     rerank: str = "cmc"
     cmc_k: int = 64  # candidates CMC passes on, and the number the cross-encoder scores
     cross_encoder: bool = False
-
-
-@dataclass(frozen=True)
-class RerankItem:
-    """One /rerank input: a text, an indexed id, or both."""
-
-    text: str | None = None
-    id: str | None = None
+    timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
 
 
 @dataclass
@@ -44,28 +49,56 @@ class Outcome:
     state: QueryState
     index_version: int
     documents: list = field(default_factory=list)
+    index: object | None = None  # the version that answered: map candidate rows with this one
+
+    @property
+    def partial(self) -> bool:
+        return self.state.partial
+
+
+class EmbeddingCache(Protocol):
+    def get(self, tower: TextEncoder, query: str) -> torch.Tensor | None: ...
+
+    def put(self, tower: TextEncoder, query: str, vector: torch.Tensor) -> None: ...
+
+
+def normalise_query(query: str) -> str:
+    """NFC and single spaces: what the tokenizers see anyway, so cache keys never split one query in two."""
+    return " ".join(unicodedata.normalize("NFC", query).split())
 
 
 class Searcher:
     def __init__(self, biencoder: TextEncoder, index, cmc: CMCBundle | None = None,
-                 cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate"):
+                 cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
+                 batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
+                 embedding_cache: EmbeddingCache | None = None):
         self.biencoder = biencoder
         self.index = index
         self.cmc = cmc
         self.cross_encoder = cross_encoder
         self.query_overflow = query_overflow
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="query-encoder")
+        self.batching = batching
+        self.stage_budgets_ms = dict(stage_budgets_ms or {})
+        self.embedding_cache = embedding_cache
+        self.runners = Runners(batching)
+        lock_tokenizers(biencoder, *([cmc.query_tower, cmc.candidate_tower] if cmc else []), cross_encoder)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False)
+        self.runners.close()
+
+    @staticmethod
+    def normalise(query: str) -> str:
+        return normalise_query(query)
 
     # -- query side -------------------------------------------------------------------------------------------
-    def new_state(self, query: str) -> QueryState:
-        query = query.strip()
+    def new_state(self, query: str, timeout_ms: int | None = None) -> QueryState:
+        started = time.monotonic()
+        query = normalise_query(query)
         if not query:
             raise RequestError("query is empty or only whitespace", field="query", allowed="a non-empty string")
         limit = self.biencoder.lengths.query_max_length
-        state = QueryState(query)
+        state = QueryState(query, index=self.index)
+        state.deadline = started + timeout_ms / 1000 if timeout_ms else None
         n_tokens = self.biencoder.count_tokens(query)
         if n_tokens > limit:
             if self.query_overflow == "reject":
@@ -75,51 +108,64 @@ class Searcher:
         return state
 
     def encode_query(self, state: QueryState, towers: dict[str, TextEncoder]) -> None:
-        """The bi-encoder and CMC query towers run concurrently; each stage's time is recorded on its own.
-        A CMC whose query tower is the bi-encoder itself (frozen towers) shares its single encoding."""
+        """One encoding per distinct tower (a CMC whose query tower is the bi-encoder shares its encoding), each
+        through its tower's batcher, all in flight at once; cached vectors skip the model."""
         names_of: dict[int, list[str]] = {}
         for name, tower in towers.items():
             names_of.setdefault(id(tower), []).append(name)
-        jobs = [(names, towers[names[0]]) for names in names_of.values()]
-
-        def run(names: list[str], tower: TextEncoder):
-            start = time.perf_counter()
-            vector = tower.encode_queries([state.query])[0]
-            return names, vector, (time.perf_counter() - start) * 1000
-
-        for names, vector, ms in self.pool.map(lambda job: run(*job), jobs):
-            state.timings_ms[f"{names[0]}_encode"] = ms
+        started = time.perf_counter()
+        pending = []
+        for names in names_of.values():
+            tower = towers[names[0]]
+            vector = self.embedding_cache.get(tower, state.query) if self.embedding_cache else None
+            future = None if vector is not None else self.query_runner(tower).submit(state.query)
+            pending.append((names, tower, vector, future))
+        for names, tower, vector, future in pending:
+            if future is not None:
+                vector = future.result()
+                if self.embedding_cache:
+                    self.embedding_cache.put(tower, state.query, vector)
+            state.timings_ms[f"{names[0]}_encode"] = (time.perf_counter() - started) * 1000
             for name in names:
                 state.query_vectors[name] = vector
 
+    def query_runner(self, tower: TextEncoder):
+        return self.runners.get(f"query:{tower.name}:{id(tower)}", lambda texts: list(tower.encode_queries(texts)))
+
+    def run(self, stages: Sequence[Stage], state: QueryState) -> QueryState:
+        for stage in stages:
+            state = run_stage(stage, state, self.runners, self.stage_budgets_ms)
+        return state
+
     # -- /search ----------------------------------------------------------------------------------------------
-    def plan(self, params: SearchParams, retrieve_k: int) -> list[Stage]:
-        stages: list[Stage] = [Retrieve(self.index, retrieve_k)]
+    def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
+        index = index if index is not None else self.index
+        stages: list[Stage] = [Retrieve(index, retrieve_k)]
         if params.rerank == "cmc":
             # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
-            stages.append(CMCRerank(self.require_cmc(), self.index))
+            stages.append(CMCRerank(self.require_cmc(), index, self.batching.cmc_candidates))
         if params.cross_encoder:
-            stages.append(CrossEncoderRerank(self.require_cross_encoder(), self.index, params.cmc_k))
+            stages.append(CrossEncoderRerank(self.require_cross_encoder(), index, params.cmc_k, self.batching.ce_tokens))
         return stages
 
     def search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
         self.check_params(params)
-        state = self.new_state(params.query)
+        state = self.new_state(params.query, params.timeout_ms)
+        index = state.index
         retrieve_k = params.retrieve_k
-        if retrieve_k > self.index.size:
-            state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {self.index.size}")
-            retrieve_k = self.index.size
-        stages = self.plan(params, retrieve_k)
+        if retrieve_k > index.size:
+            state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
+            retrieve_k = index.size
+        stages = self.plan(params, retrieve_k, index)
         towers = {"be": self.biencoder}
         if params.rerank == "cmc":
             towers["cmc"] = self.cmc.query_tower
         self.encode_query(state, towers)
-        for stage in stages:
-            state = stage(state)
+        state = self.run(stages, state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))
-        return Outcome(top, stages[-1].name, state, self.index.version)
+        return Outcome(top, state.ran[-1], state, index.version, index=index)
 
     def check_params(self, params: SearchParams) -> None:
         if params.rerank not in RERANKERS:
@@ -148,55 +194,25 @@ class Searcher:
         return self.cross_encoder
 
     # -- /rerank ----------------------------------------------------------------------------------------------
-    def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int) -> Outcome:
+    def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int,
+               timeout_ms: int | None = None) -> Outcome:
+        """CMC falls back to <query, candidate> order, the cross-encoder to the caller's order, when out of time."""
         started = time.perf_counter()
-        state = self.new_state(query)
-        texts = self.resolve_texts(items)
+        state = self.new_state(query, timeout_ms)
+        index = state.index
+        texts = resolve_texts(index, items)
         if model == "cmc":
             bundle = self.require_cmc()
             self.encode_query(state, {"cmc": bundle.query_tower})
-            state.candidates = self.rerank_candidates(items, texts, bundle, state)
-            state = CMCRerank(bundle, self.index)(state)
+            state.candidates = rerank_candidates(index, items, texts, bundle, self.biencoder, state)
+            state.ran.append("retrieve")
+            stage = CMCRerank(bundle, index, self.batching.cmc_candidates)
         elif model == "ce":
             state.candidates = Candidates(rows=np.full(len(items), -1), texts=texts)
-            state = CrossEncoderRerank(self.require_cross_encoder(), self.index, len(items))(state)
+            stage = CrossEncoderRerank(self.require_cross_encoder(), index, len(items), self.batching.ce_tokens)
         else:
             raise RequestError(f"model {model!r} is not supported", field="model", allowed="cmc | ce")
+        state = self.run([stage], state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(top_n, len(state.candidates))))
-        return Outcome(top, model, state, self.index.version)
-
-    def resolve_texts(self, items: Sequence[RerankItem]) -> list[str]:
-        """Each item's text: its own, or the indexed document's when only an id was given."""
-        id_only = [item.id for item in items if item.text is None]
-        stored = {}
-        if id_only:
-            rows = self.index.rows_for_ids(id_only)
-            stored = {doc.id: doc.full_text for doc in self.index.documents(rows)}
-        return [item.text if item.text is not None else stored[item.id] for item in items]
-
-    def rerank_candidates(self, items: Sequence[RerankItem], texts: list[str], bundle: CMCBundle,
-                          state: QueryState) -> Candidates:
-        """Indexed documents reuse their stored vectors; any other text goes through the candidate tower now."""
-        indexed = self.indexed_rows(items, texts)
-        store = "cmc" if bundle.config.mode == "separate" else None
-        tower = bundle.candidate_tower or self.biencoder
-        vectors = np.empty((len(items), tower.dim), dtype=np.float32)
-        known = [i for i, row in enumerate(indexed) if row >= 0]
-        if known:
-            vectors[known] = self.index.embeddings([indexed[i] for i in known], store=store)
-        fresh = [i for i, row in enumerate(indexed) if row < 0]
-        if fresh:
-            with state.timed("candidate_encode"):
-                vectors[fresh] = tower.encode_documents([texts[i] for i in fresh], progress=False)
-        state.counts["candidate_encode"] = len(fresh)
-        return Candidates(rows=np.asarray(indexed), vectors=vectors, texts=texts)
-
-    def indexed_rows(self, items: Sequence[RerankItem], texts: list[str]) -> list[int]:
-        """Index row of each item whose id is indexed and whose text (if given) is the indexed text, else -1."""
-        ids = [item.id for item in items if item.id is not None and self.index.has_id(item.id)]
-        if not ids:
-            return [-1] * len(items)
-        rows = dict(zip(ids, self.index.rows_for_ids(ids)))
-        docs = {doc.id: doc.full_text for doc in self.index.documents(list(rows.values()))}
-        return [rows[item.id] if item.id in rows and docs[item.id] == text else -1 for item, text in zip(items, texts)]
+        return Outcome(top, state.ran[-1] if state.ran else "input", state, index.version, index=index)

@@ -1,33 +1,86 @@
 """App factory: the lifespan loads models and index once; handlers only see what it put on app.state."""
 from __future__ import annotations
 
+import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import Callable
 
+import anyio
+import torch
 from fastapi import FastAPI, Request
 
+from service import routes_documents
+from service.cache import Caches, digest
 from service.components import Components, load_components
 from service.config import Settings
 from service.errors import install_error_handlers
 from service.metrics import Metrics
+from service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter
 from service.routes import router
+from service.runtime import load_index
+from service.updates import IndexUpdater
 
 DESCRIPTION = """Sieve: bi-encoder retrieval over FAISS, CMC reranking of the candidates in context of each other,
-and an optional cross-encoder. `POST /search` for applications, `POST /rerank` for candidate lists from elsewhere."""
+and an optional cross-encoder. `POST /search` for applications, `POST /rerank` for candidate lists from elsewhere,
+`POST /documents` and `DELETE /documents/{id}` to change the live index."""
+log = logging.getLogger("sieve")
 
 
 def count_requests(app: FastAPI) -> None:
+    known = {getattr(route, "path", None) for route in app.routes}
+
     @app.middleware("http")
     async def counter(request: Request, call_next):
         status = 500  # an exception escaping the handlers is answered 500 by the outermost middleware
+        started = time.perf_counter()
         try:
             response = await call_next(request)
             status = response.status_code
             return response
         finally:
-            endpoint = getattr(request.scope.get("route"), "path", "unmatched")  # the route template, never the raw URL
+            route = getattr(request.scope.get("route"), "path", None)  # the route template, never the raw URL
+            endpoint = route or (request.url.path if request.url.path in known else "unmatched")
             app.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+
+
+def fingerprint(components: Components, settings: Settings) -> str:
+    """What the answers depend on beyond the request: cached results are only shared between identical servers."""
+    s = components.searcher
+    models = [getattr(m, "weights_hash", None) or getattr(m, "name", None)
+              for m in (s.biencoder, s.cmc and s.cmc.query_tower, s.cross_encoder)]
+    cmc = [s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
+    return digest(json.dumps([models, cmc, settings.query_max_length, settings.query_overflow, settings.ce_max_length]))
+
+
+def start_services(app: FastAPI, settings: Settings, components: Components) -> None:
+    state, metrics, searcher = app.state, app.state.metrics, components.searcher
+    state.caches = Caches(settings, metrics)
+    state.caches.fingerprint = fingerprint(components, settings)
+    searcher.embedding_cache = state.caches.embeddings
+    searcher.runners.on_batch = metrics.observe_batch
+    state.auth = Authenticator(settings.keys())
+    state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
+    encoders = {"primary": searcher.biencoder}
+    if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:
+        encoders["cmc"] = searcher.cmc.candidate_tower
+
+    def on_swap(index, commit_s):
+        metrics.set_index(index)
+        if commit_s is not None:
+            metrics.index_commit.observe(commit_s)
+
+    state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
+                                 lambda: load_index(settings, searcher.biencoder, torch.device(components.device), searcher.cmc),
+                                 settings.write_batch_wait_ms, on_swap)
+    metrics.set_index(searcher.index)
+    # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
+    anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)
+    log.info("api keys: %s; rate limit: %s; cache: %s", "on" if state.auth.enabled else "off",
+             f"{settings.rate_limit_per_s}/s burst {settings.rate_limit_burst}" if settings.rate_limit_per_s else "off",
+             ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
 
 
 def create_app(settings: Settings | None = None,
@@ -38,15 +91,19 @@ def create_app(settings: Settings | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.components = loader(settings)
-        app.state.metrics.index_size.set(app.state.components.searcher.index.size)
+        start_services(app, settings, app.state.components)
         yield
+        app.state.updater.close()
         app.state.components.close()
 
     app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
-    count_requests(app)
     app.include_router(router)
+    app.include_router(routes_documents.router)
+    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
+    count_requests(app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app

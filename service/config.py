@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -41,12 +41,40 @@ class Settings(BaseSettings):
     faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when one is present (faiss-gpu).")
     nprobe: int = Field(16, ge=1, description="IVF cells probed per query.")
     ef_search: int = Field(128, ge=1, description="HNSW efSearch.")
+    # throughput: micro-batching across concurrent requests (one worker thread per model)
+    batching: bool = Field(True, description="Batch model work across concurrent requests; false = one forward pass per request.")
+    batch_max_size: int = Field(32, ge=1, le=1024, description="Most requests in one batch.")
+    batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="Extra wait for more requests after the first one of a batch.")
+    cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
+    ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
+    # deadlines
+    default_timeout_ms: int | None = Field(None, ge=1, description="Budget of a request that gives no timeout_ms; unset = none.")
+    stage_budgets_ms: dict[str, float] = Field(default_factory=dict, description='Per-stage budgets, JSON: {"cmc": 200, "ce": 1000}.')
+    # cache
+    cache_enabled: bool = Field(True, description="Cache query embeddings and /search results.")
+    cache_size: int = Field(10000, ge=1, description="Entries of the in-process LRU (used when SIEVE_REDIS_URL is unset).")
+    cache_ttl_s: int = Field(3600, ge=1, description="Time to live of a cache entry.")
+    redis_url: str | None = Field(None, description="redis://host:port/db: cache and rate limits in Redis; unset = in-process.")
+    redis_prefix: str = Field("sieve:", description="Prefix of every Redis key this server writes.")
+    redis_timeout_ms: int = Field(50, ge=1, description="Redis connect and read timeout; slower = served without Redis.")
+    redis_retry_s: float = Field(5.0, ge=0, description="After a Redis failure, how long to go without it before trying again.")
+    # protection
+    api_keys: SecretStr | None = Field(None, description="Comma-separated API keys; set = Bearer key required (never logged).")
+    api_keys_file: Path | None = Field(None, description="File with one API key per line (added to SIEVE_API_KEYS).")
+    rate_limit_per_s: float | None = Field(None, gt=0, description="Requests per second per API key (or client address); unset = no limit.")
+    rate_limit_burst: int = Field(20, ge=1, description="Token-bucket size: requests a key may send at once.")
+    max_inflight: int = Field(64, ge=1, description="Requests in progress at once; past it, 429 at once.")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body; larger = 413.")
+    # live index updates
+    documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
+    write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
     # server
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
 
-    @field_validator("model_path", "cmc_path", "cross_encoder_path", mode="before")
+    @field_validator("model_path", "cmc_path", "cross_encoder_path", "redis_url", "api_keys", "api_keys_file",
+                     "default_timeout_ms", "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
         return None if value == "" else value
@@ -55,3 +83,10 @@ class Settings(BaseSettings):
         from models.weights import default_model_path
 
         return self.model_path or default_model_path()
+
+    def keys(self) -> set[str]:
+        """Every accepted API key (settings and file); empty = no authentication."""
+        keys = set((self.api_keys.get_secret_value() if self.api_keys else "").split(","))
+        if self.api_keys_file:
+            keys |= set(self.api_keys_file.read_text(encoding="utf-8").splitlines())
+        return {k.strip() for k in keys if k.strip()}

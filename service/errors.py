@@ -15,9 +15,9 @@ from pipeline.errors import RequestError
 log = logging.getLogger("sieve")
 
 
-def error_body(status: int, code: str, message: str, **extra) -> JSONResponse:
+def error_body(status: int, code: str, message: str, headers: dict | None = None, **extra) -> JSONResponse:
     info = {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
-    return JSONResponse(status_code=status, content={"error": info})
+    return JSONResponse(status_code=status, content={"error": info}, headers=headers)
 
 
 def describe(error: dict) -> dict:
@@ -41,13 +41,19 @@ async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
 
 async def on_unknown_documents(request: Request, exc: UnknownDocumentError) -> JSONResponse:
     message = exc.args[0] if exc.args else "unknown document ids"
+    if request.url.path.startswith("/documents"):  # a resource path: the document is not there
+        return error_body(404, "not_found", str(message), allowed="the id of an indexed document")
     return error_body(422, "unknown_document_ids", str(message), field="documents",
                       allowed="ids of indexed documents, or give the text")
 
 
+HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+              413: "body_too_large", 429: "rate_limited"}
+
+
 async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    codes = {404: "not_found", 405: "method_not_allowed"}
-    return error_body(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+    return error_body(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail),
+                      headers=getattr(exc, "headers", None))
 
 
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -1,26 +1,55 @@
-"""Prometheus metrics on a registry owned by the app (so several apps can live in one process, e.g. tests)."""
+"""Prometheus metrics of one app instance (own registry, so several apps in one process do not collide).
+deploy/grafana/dashboards/sieve.json and deploy/prometheus/alerts.yml read these names."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CANDIDATE_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class Metrics:
     def __init__(self):
-        self.registry = CollectorRegistry()
+        r = self.registry = CollectorRegistry()
         self.stage_latency = Histogram("sieve_stage_latency_seconds", "Latency of each pipeline stage.",
-                                       ["stage"], buckets=LATENCY_BUCKETS, registry=self.registry)
+                                       ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.request_latency = Histogram("sieve_request_latency_seconds", "HTTP request latency by endpoint.",
+                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("sieve_requests_total", "HTTP requests by endpoint and status code.",
-                                ["endpoint", "status"], registry=self.registry)
+                                ["endpoint", "status"], registry=r)
         self.candidates = Histogram("sieve_stage_candidates", "Candidates entering each stage.",
-                                    ["stage"], buckets=CANDIDATE_BUCKETS, registry=self.registry)
-        self.index_size = Gauge("sieve_index_size", "Documents in the live index.", registry=self.registry)
-        self.index_version = Gauge("sieve_index_version", "Version of the live index.", registry=self.registry)
+                                    ["stage"], buckets=CANDIDATE_BUCKETS, registry=r)
+        self.batch_size = Histogram("sieve_batch_size", "Requests per forward pass, by model runner.",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.partial = Counter("sieve_partial_responses_total", "Responses with a stage skipped for lack of time.",
+                               ["endpoint", "skipped"], registry=r)
+        self.cache = Counter("sieve_cache_requests_total", "Cache look-ups by cache and outcome (hit, miss).",
+                             ["cache", "outcome"], registry=r)
+        self.cache_errors = Counter("sieve_cache_errors_total", "Redis calls that failed or timed out (served without).",
+                                    ["op"], registry=r)
+        self.redis_up = Gauge("sieve_redis_up", "1 when the last Redis call succeeded, 0 when it failed.", registry=r)
+        self.rejected = Counter("sieve_rejected_total", "Requests refused before any work (unauthorized, "
+                                "rate_limited, overloaded, too_large).", ["reason"], registry=r)
+        self.inflight = Gauge("sieve_inflight_requests", "Requests in progress.", registry=r)
+        self.index_size = Gauge("sieve_index_size", "Documents in the live index.", registry=r)
+        self.index_version = Gauge("sieve_index_version", "Version of the live index.", registry=r)
+        self.index_writes = Counter("sieve_index_writes_total", "Acknowledged document writes by operation.",
+                                    ["op"], registry=r)
+        self.index_commit = Histogram("sieve_index_commit_seconds", "Time to write and swap in one index version.",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        for reason in ("unauthorized", "rate_limited", "overloaded", "too_large"):
+            self.rejected.labels(reason=reason)  # exported at 0 from the start, so rate() has a series
 
     def observe(self, timings_ms: dict[str, float], counts: dict[str, int]) -> None:
         for stage, ms in timings_ms.items():
             self.stage_latency.labels(stage=stage).observe(ms / 1000)
         for stage, n in counts.items():
             self.candidates.labels(stage=stage).observe(n)
+
+    def observe_batch(self, model: str, size: int) -> None:
+        self.batch_size.labels(model=model.rsplit(":", 1)[0]).observe(size)  # runner key less the object id
+
+    def set_index(self, index) -> None:
+        self.index_size.set(index.size)
+        self.index_version.set(index.version)

@@ -1,23 +1,28 @@
 """Thin handlers: validate, call the pipeline, shape the reply. Sync functions, so FastAPI runs them in its
-thread pool and model work never blocks the event loop."""
+thread pool; model work runs in the per-model batch workers, never on the event loop."""
 from __future__ import annotations
 
-import math
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.errors import RequestError
-from pipeline.searcher import Outcome, RerankItem, SearchParams, Searcher
+from pipeline.searcher import RerankItem, SearchParams
+from service import schemas
+from service.cache import Caches
 from service.components import Components
 from service.config import Settings
 from service.metrics import Metrics
-from service import schemas
+from service.protection import Unauthorized
+from service.responses import rerank_response, search_response
 
 router = APIRouter()
-ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 413, 422)}
+ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
+bearer = HTTPBearer(auto_error=False, description="API key, when the server has SIEVE_API_KEYS or SIEVE_API_KEYS_FILE")
 
 
 def get_components(request: Request) -> Components:
@@ -32,9 +37,31 @@ def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+def get_caches(request: Request) -> Caches:
+    return request.app.state.caches
+
+
+def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored."""
+    state = request.app.state
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    try:
+        caller = state.auth.identify(header)
+    except Unauthorized:
+        state.metrics.rejected.labels(reason="unauthorized").inc()
+        raise
+    try:
+        state.limiter.check(caller or (request.client.host if request.client else "anonymous"))
+    except Exception:
+        state.metrics.rejected.labels(reason="rate_limited").inc()
+        raise
+
+
 ComponentsDep = Annotated[Components, Depends(get_components)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+CachesDep = Annotated[Caches, Depends(get_caches)]
+Guarded = [Depends(guard)]
 
 
 def check_limit(value: int, limit: int, field: str, setting: str) -> None:
@@ -43,69 +70,51 @@ def check_limit(value: int, limit: int, field: str, setting: str) -> None:
                            allowed=f"at most {limit} ({setting})")
 
 
-def score_or_none(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
+def timeout_of(body, settings: Settings) -> int | None:
+    return body.timeout_ms or settings.default_timeout_ms
 
 
-def final_score(scores: dict, rank: int) -> float:
-    """The score of the last stage that scored this candidate (the CE scores only the head of the list)."""
-    for stage in ("ce", "cmc", "retrieve"):
-        if stage in scores and not math.isnan(scores[stage][rank]):
-            return float(scores[stage][rank])
-    raise AssertionError("every candidate has a retrieve score")
-
-
-def document_out(searcher: Searcher, outcome: Outcome) -> list[schemas.DocumentOut]:
-    cands = outcome.candidates
-    if cands.texts is not None:
-        return [schemas.DocumentOut(id=None, text=text) for text in cands.texts]
-    return [schemas.DocumentOut(id=d.id, title=d.title, text=d.text) for d in searcher.index.documents(cands.rows)]
-
-
-@router.post("/search", response_model=schemas.SearchResponse, responses=ERRORS, tags=["search"])
-def search(body: schemas.SearchRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep):
+@router.post("/search", response_model=schemas.SearchResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
+def search(body: schemas.SearchRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep,
+           caches: CachesDep):
     """Retrieve with the bi-encoder, optionally rerank with CMC and the cross-encoder, return the top_k."""
     check_limit(body.top_k, settings.max_top_k, "top_k", "SIEVE_MAX_TOP_K")
     check_limit(body.retrieve_k, settings.max_retrieve_k, "retrieve_k", "SIEVE_MAX_RETRIEVE_K")
+    started = time.perf_counter()
     searcher = components.searcher
-    params = SearchParams(body.query, body.top_k, body.retrieve_k, body.rerank, body.cmc_k, body.cross_encoder)
+    params = SearchParams(body.query, body.top_k, body.retrieve_k, body.rerank, body.cmc_k, body.cross_encoder,
+                          timeout_of(body, settings))
+    key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
+                                                            "server": caches.fingerprint}
+    if caches.results and (hit := caches.results.get(caches.results.key(key_params, searcher.index.version))):
+        timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
+        return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
-    cands = outcome.candidates
-    docs = document_out(searcher, outcome) if body.return_documents else [None] * len(cands)
-    hits = [
-        schemas.SearchHit(
-            id=doc_id, rank=rank + 1, score=final_score(cands.scores, rank),
-            scores=schemas.StageScores(**{k: score_or_none(v[rank]) for k, v in cands.scores.items()}),
-            document=docs[rank])
-        for rank, doc_id in enumerate(searcher.index.ids(cands.rows))
-    ]
-    stages = ["retrieve"] + (["cmc"] if body.rerank == "cmc" else []) + (["ce"] if body.cross_encoder else [])
-    return schemas.SearchResponse(results=hits, timings_ms=schemas.SearchTimings(**outcome.state.timings_ms),
-                                  index_version=outcome.index_version, stages=stages, warnings=outcome.state.warnings)
+    response = search_response(outcome, body.return_documents)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
+    elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
+        caches.results.put(caches.results.key(key_params, outcome.index_version),
+                           response.model_dump(exclude={"timings_ms", "cached"}))
+    return response
 
 
 def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:
     return [RerankItem(text=d) if isinstance(d, str) else RerankItem(text=d.text, id=d.id) for d in body.documents]
 
 
-@router.post("/rerank", response_model=schemas.RerankResponse, responses=ERRORS, tags=["search"])
+@router.post("/rerank", response_model=schemas.RerankResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
 def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep):
     """Rerank a candidate list from elsewhere (Cohere / TEI shape). Indexed ids reuse stored vectors."""
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
-    searcher = components.searcher
     items = rerank_items(body)
-    outcome = searcher.rerank(body.query, items, body.model, body.top_n or len(items))
+    outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
+                                         timeout_of(body, settings))
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
-    cands = outcome.candidates
-    results = []
-    for pos, origin in enumerate(cands.origin):
-        item = items[origin]
-        document = schemas.DocumentOut(id=item.id, text=cands.texts[pos]) if body.return_documents else None
-        results.append(schemas.RerankResult(index=int(origin), relevance_score=float(cands.scores[outcome.final_stage][pos]),
-                                            document=document))
-    return schemas.RerankResponse(results=results, timings_ms=outcome.state.timings_ms, model=body.model,
-                                  index_version=outcome.index_version, warnings=outcome.state.warnings)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
+    return rerank_response(outcome, items, body.model, body.return_documents)
 
 
 @router.get("/healthz", response_model=schemas.Health, tags=["health"])
@@ -125,6 +134,5 @@ def readyz(components: ComponentsDep, settings: SettingsDep):
 @router.get("/metrics", tags=["health"], response_class=Response)
 def metrics_endpoint(metrics: MetricsDep, components: ComponentsDep):
     """Prometheus exposition format."""
-    metrics.index_size.set(components.searcher.index.size)
-    metrics.index_version.set(components.searcher.index.version)
+    metrics.set_index(components.searcher.index)
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

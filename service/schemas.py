@@ -6,6 +6,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 QUERY_MAX_CHARS = 10_000  # hard ceiling before any tokenisation; the token limit is a setting
+TIMEOUT_MAX_MS = 600_000
+DOC_ID_MAX_CHARS = 512
+DOC_TEXT_MAX_CHARS = 200_000
 
 
 class Strict(BaseModel):
@@ -50,6 +53,8 @@ class SearchRequest(Strict):
     cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many.")
     cross_encoder: bool = Field(False, description="Rerank the top cmc_k with the cross-encoder (4xx when none is configured).")
     return_documents: bool = Field(False, description="Include each result's title and text.")
+    timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: a rerank "
+                                   "stage that does not fit is skipped (partial: true); default SIEVE_DEFAULT_TIMEOUT_MS.")
 
     @model_validator(mode="after")
     def top_k_within_retrieve_k(self):
@@ -79,8 +84,11 @@ class SearchResponse(Reply):
     results: list[SearchHit] = Field(..., description="Ranked results, best first.")
     timings_ms: SearchTimings = Field(..., description="Per-stage latency in milliseconds.")
     index_version: int = Field(..., description="Version of the index that answered.")
-    stages: list[str] = Field(..., description="Stages that ran, in order.")
+    stages: list[str] = Field(..., description="Stages that ranked the results, in order.")
     warnings: list[str] = Field(default_factory=list, description="E.g. retrieve_k clamped, query truncated.")
+    partial: bool = Field(False, description="True when a stage was skipped for lack of time: the previous stage's order.")
+    skipped: list[str] = Field(default_factory=list, description="Stages skipped for lack of time (e.g. ce, cmc).")
+    cached: bool = Field(False, description="Served from the result cache (timings_ms then holds only total).")
 
 
 # -- /rerank ------------------------------------------------------------------------------------------------
@@ -101,11 +109,15 @@ class RerankRequest(Strict):
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
     model: Literal["cmc", "ce"] = Field("cmc", description="Reranker: CMC (default) or the cross-encoder.")
+    timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: when the "
+                                   "reranker does not fit, the fallback order is returned (partial: true).")
 
 
 class RerankResult(Reply):
     index: int = Field(..., description="Position of the document in the request.")
-    relevance_score: float = Field(..., description="Score of the chosen reranker (higher is more relevant).")
+    relevance_score: float | None = Field(..., description="Score of the chosen reranker (higher is more relevant); "
+                                          "on a CMC fallback the <query, document> score; null when the "
+                                          "cross-encoder was skipped (the documents keep the request's order).")
     document: DocumentOut | None = Field(None, description="The document, when return_documents is true.")
 
 
@@ -115,6 +127,41 @@ class RerankResponse(Reply):
     model: str = Field(..., description="The reranker that ranked them.")
     index_version: int = Field(..., description="Version of the index whose stored vectors were used.")
     warnings: list[str] = Field(default_factory=list, description="E.g. query truncated.")
+    partial: bool = Field(False, description="True when the reranker was skipped for lack of time.")
+    skipped: list[str] = Field(default_factory=list, description="Stages skipped for lack of time (cmc or ce).")
+
+
+# -- /documents and /admin ----------------------------------------------------------------------------------
+class DocumentIn(Strict):
+    id: str = Field(..., min_length=1, max_length=DOC_ID_MAX_CHARS, description="Document id; an existing id is replaced.")
+    title: str = Field("", max_length=DOC_TEXT_MAX_CHARS, description="Title (encoded as 'title text').")
+    text: str = Field(..., min_length=1, max_length=DOC_TEXT_MAX_CHARS, description="Document text.")
+
+
+class DocumentsRequest(Strict):
+    documents: list[DocumentIn] = Field(..., min_length=1, description="Documents to add or replace "
+                                        "(at most SIEVE_DOCUMENTS_MAX_BATCH, unique ids).")
+
+
+class WriteResponse(Reply):
+    index_version: int = Field(..., description="Index version that holds this write (durable on disk).")
+    index_size: int = Field(..., description="Documents in that version.")
+    upserted: int = Field(0, description="Documents added or replaced by this request.")
+    deleted: list[str] = Field(default_factory=list, description="Ids deleted by this request.")
+
+
+class DocumentResponse(Reply):
+    id: str = Field(..., description="Document id.")
+    title: str = Field(..., description="Title.")
+    text: str = Field(..., description="Text.")
+    index_version: int = Field(..., description="Index version it was read from.")
+
+
+class ReloadResponse(Reply):
+    index_version: int = Field(..., description="Version now served.")
+    previous_version: int = Field(..., description="Version served before the reload.")
+    index_size: int = Field(..., description="Documents in the served version.")
+    changed: bool = Field(..., description="Whether a newer version was found and swapped in.")
 
 
 # -- health -------------------------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ def test_search_finds_the_topic_and_reports_every_stage(client):
     top = out["results"][0]
     assert "volcan" in (top["document"]["title"] + top["document"]["text"]).lower()
     assert out["stages"] == ["retrieve", "cmc"]
-    for key in ("be_encode", "cmc_encode", "mips", "cmc", "total"):
+    for key in ("be_encode", "mips", "cmc", "total"):
         assert out["timings_ms"][key] > 0
+    assert out["timings_ms"]["cmc_encode"] is None or out["timings_ms"]["cmc_encode"] > 0  # None: tower shared with BE
     assert out["timings_ms"]["ce"] is None
     scores = [r["score"] for r in out["results"]]
     assert scores == sorted(scores, reverse=True)

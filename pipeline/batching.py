@@ -1,0 +1,148 @@
+"""Dynamic micro-batching: requests submit work items from many threads and wait on futures; one worker thread per
+model runs `compute(items)` over whatever has queued up (at most `max_size` items, waiting at most `max_wait_ms`
+for more after the first). Model work therefore never runs on the event loop, and concurrent requests share
+forward passes. A waiter that gives up (its deadline passed) cancels its future; a cancelled item that has not
+started is dropped before the forward pass, so it costs nothing.
+
+`Direct` is the same interface without batching: each item is computed on its own in a thread pool (what the
+service does with SIEVE_BATCHING=false, and the baseline of benchmarks/load.py).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger("sieve.batching")
+
+Compute = Callable[[Sequence[Any]], Sequence[Any]]  # items of many requests -> one result per item, in order
+OnBatch = Callable[[str, int], None]  # (model name, batch size) after each forward pass
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    enabled: bool = True
+    max_size: int = 32  # items (requests) per batch
+    max_wait_ms: float = 2.0  # extra wait for more items after the first; 0 = take what is queued
+    cmc_candidates: int = 16384  # CMC: batch size x longest candidate list, per forward pass
+    ce_tokens: int = 8192  # cross-encoder: pairs x longest pair in tokens, per forward pass
+    direct_workers: int = 64  # threads computing items one by one when batching is off
+
+
+class Batcher:
+    def __init__(self, name: str, compute: Compute, max_size: int, max_wait_ms: float, on_batch: OnBatch | None = None):
+        self.name = name
+        self.compute = compute
+        self.max_size = max_size
+        self.max_wait_s = max_wait_ms / 1000
+        self.on_batch = on_batch
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False
+        self.thread = threading.Thread(target=self.loop, name=f"batch-{name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, item: Any) -> Future:
+        if self.closed:
+            raise RuntimeError(f"batcher {self.name} is closed")
+        future: Future = Future()
+        self.queue.put((item, future))
+        return future
+
+    def close(self) -> None:
+        self.closed = True
+        self.queue.put(None)
+
+    def collect(self, first) -> list:
+        batch = [first]
+        deadline = time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_size:
+            try:
+                timeout = deadline - time.monotonic()
+                entry = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is None:
+                self.queue.put(None)  # close after this batch
+                break
+            batch.append(entry)
+        return batch
+
+    def loop(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            live = [(item, fut) for item, fut in self.collect(first) if fut.set_running_or_notify_cancel()]
+            if live:
+                self.run(live)
+
+    def run(self, live: list) -> None:
+        try:
+            results = self.compute([item for item, _ in live])
+            assert len(results) == len(live), f"{self.name}: {len(results)} results for {len(live)} items"
+        except BaseException as exc:  # noqa: BLE001 - every waiter gets the error, the worker lives on
+            log.exception("batch of %d on %s failed", len(live), self.name)
+            for _, fut in live:
+                fut.set_exception(exc)
+            return
+        if self.on_batch:
+            self.on_batch(self.name, len(live))
+        for (_, fut), result in zip(live, results):
+            fut.set_result(result)
+
+
+class Direct:
+    """No batching: each item is its own forward pass, in a shared thread pool."""
+
+    def __init__(self, name: str, compute: Compute, pool: ThreadPoolExecutor, on_batch: OnBatch | None = None):
+        self.name = name
+        self.compute = compute
+        self.pool = pool
+        self.on_batch = on_batch
+
+    def one(self, item: Any) -> Any:
+        result = self.compute([item])[0]
+        if self.on_batch:
+            self.on_batch(self.name, 1)
+        return result
+
+    def submit(self, item: Any) -> Future:
+        return self.pool.submit(self.one, item)
+
+    def close(self) -> None:
+        pass
+
+
+class Runners:
+    """One runner per model (keyed by the stage's batch_key), created on first use."""
+
+    def __init__(self, config: BatchConfig = BatchConfig()):
+        self.config = config
+        self.on_batch: OnBatch | None = None
+        self.runners: dict[str, Batcher | Direct] = {}
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model")
+
+    def get(self, key: str, compute: Compute) -> Batcher | Direct:
+        runner = self.runners.get(key)
+        if runner is None:
+            with self.lock:
+                runner = self.runners.get(key)
+                if runner is None:
+                    runner = self.runners[key] = self.make(key, compute)
+        return runner
+
+    def make(self, key: str, compute: Compute) -> Batcher | Direct:
+        hook = lambda name, n: self.on_batch and self.on_batch(name, n)  # noqa: E731 - read at call time
+        if self.config.enabled:
+            return Batcher(key, compute, self.config.max_size, self.config.max_wait_ms, hook)
+        return Direct(key, compute, self.pool, hook)
+
+    def close(self) -> None:
+        for runner in self.runners.values():
+            runner.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,51 @@
+"""Packing work of many requests into forward passes: CMC candidate lists padded with masks, cross-encoder pairs
+under a token budget. Plain functions of arrays and tensors; the stages call them from their batched compute."""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
+def chunks_under_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices sorted by length (longest first) cut into chunks whose size x longest length stays within
+    `budget` (a chunk always holds at least one index)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    chunks, current = [], []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > budget:
+            chunks.append(current)
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def pad_candidates(queries: Sequence[torch.Tensor], lists: Sequence[np.ndarray],
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B queries (d,) and B candidate arrays (K_b, d) -> query (B, d), candidates (B, K, d), mask (B, K)."""
+    longest = max(len(c) for c in lists)
+    d = lists[0].shape[1]
+    cands = torch.zeros(len(lists), longest, d, dtype=torch.float32)  # (B, K, d)
+    mask = torch.zeros(len(lists), longest, dtype=torch.bool)  # (B, K)
+    for b, c in enumerate(lists):
+        cands[b, :len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
+        mask[b, :len(c)] = True
+    query = torch.stack([q.float().to("cpu") for q in queries])  # (B, d)
+    return query.to(device), cands.to(device), mask.to(device)
+
+
+def trim_to_longest(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    """The given rows of a padded token batch, with the columns that are padding in all of them cut off."""
+    idx = torch.as_tensor(rows, device=batch["attention_mask"].device)
+    mask = batch["attention_mask"][idx]
+    width = int(mask.sum(dim=1).max())
+    return {k: v[idx, :width] for k, v in batch.items()}
