@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
 from models.weights import check_model_dir, offline, weights_hash
 
@@ -49,12 +49,15 @@ class CrossEncoder:
     @classmethod
     def from_pretrained(cls, path: str | Path, *, lengths: PairLengths = PairLengths(),
                         device: torch.device = torch.device("cpu"), batch_size: int = 16) -> "CrossEncoder":
+        """Any variant: the checkpoint's sieve_head.json picks the head (models/ce_heads.py; none = "cls")."""
+        from models.ce_heads import head_hash, load_head
+
         offline()
         path = check_model_dir(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, local_files_only=True)
-        return cls(PairScorer(model), tokenizer, name=path.name, weights_hash=weights_hash(path),
-                   lengths=lengths, device=device, batch_size=batch_size)
+        return cls(load_head(path, tokenizer), tokenizer, name=path.name,
+                   weights_hash=head_hash(path, weights_hash(path)), lengths=lengths, device=device,
+                   batch_size=batch_size)
 
     def tokenize_pairs(self, query: str | Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
         queries = [query] * len(documents) if isinstance(query, str) else list(query)

@@ -29,6 +29,10 @@ def register(commands) -> None:
     ce.add_argument("--seed", type=int, default=0)
     ce.add_argument("--resume", action="store_true", help="continue from OUT/state")
     ce.add_argument("--init", type=Path, help="start from this sequence-classification checkpoint")
+    ce.add_argument("--head", choices=["cls", "cls+late"], default="cls",
+                    help="cls: one logit on [CLS]; cls+late: plus late interaction over the last-layer tokens "
+                         "(Zhang, Li, Lin 2023), both trained with the loss, summed at inference")
+    ce.add_argument("--late-dim", type=int, default=128, help="cls+late: token projection size (0 = no projection)")
     ce.set_defaults(func=cmd_train_ce)
 
 
@@ -38,12 +42,15 @@ def config_from_args(args: argparse.Namespace):
     for name in ("negatives", "neg_pool", "batch_groups", "grad_accum", "epochs", "max_length", "dev_queries", "k_dev", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.late_dim < 0:
+        raise ValueError("--late-dim must be 0 (no projection) or a positive size")
     return CETrainConfig(
         data_dirs=tuple(args.data), out_dir=args.out, loss=args.loss, negatives=args.negatives,
         neg_pool=args.neg_pool, batch_groups=args.batch_groups, grad_accum=args.grad_accum, lr=args.lr,
         epochs=args.epochs, max_steps=args.max_steps, time_budget_min=args.time_budget_min,
         max_length=args.max_length, dev_queries=args.dev_queries, k_dev=args.k_dev, eval_every=args.eval_every,
-        log_every=args.log_every,         seed=args.seed, resume=args.resume, init=args.init, command=command_line(args))
+        log_every=args.log_every,         seed=args.seed, resume=args.resume, init=args.init, command=command_line(args),
+        head=args.head, late_dim=args.late_dim or None)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -85,11 +92,12 @@ def write_model_card(cfg, summary: dict) -> None:
     data = "\n".join(f"- `{d['name']}` ({d['path']}): {d['train_queries']} train queries, {d['dev_queries']} dev "
                      f"queries, {d['documents']} documents" for d in summary["data"])
     params = json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("command", "resume")}, indent=2, default=str)
+    head = cfg.head + (f" (late-interaction projection: {cfg.late_dim or 'none'})" if cfg.head == "cls+late" else "")
     text = f"""# Cross-encoder `{Path(cfg.out_dir).name}`
 
 Fine-tuned from {cfg.init or "the packaged all-MiniLM-L6-v2 (new one-logit head on [CLS])"} with the
-{cfg.loss.upper()} loss; weights stored as fp16 safetensors. Best checkpoint: step {summary['best_step']} of
-{summary['steps']} (stopped: {summary['stop']}).
+{cfg.loss.upper()} loss; head `{head}`; weights stored as fp16 safetensors. Best checkpoint: step
+{summary['best_step']} of {summary['steps']} (stopped: {summary['stop']}).
 
 ## Data
 {data}

@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
 from evaluation.metrics import mean_metric, ndcg_at_k
-from models.cross_encoder import CrossEncoder, PairLengths, PairScorer
+from models.ce_heads import load_classifier, new_head
+from models.cross_encoder import CrossEncoder, PairLengths
 from models.weights import default_model_path, offline
 from training.checkpointing import TrainLog, seed_all, warmup_linear_schedule
 from training.data import Split, corpus_vectors, hold_out, load_split
@@ -57,6 +58,8 @@ class CETrainConfig:
     resume: bool = False
     init: Path | None = None  # a sequence-classification checkpoint; None = packaged MiniLM + a fresh head
     command: str = ""  # recorded in the model card
+    head: str = "cls"  # "cls" | "cls+late" (models/late_interaction.py)
+    late_dim: int | None = 128  # cls+late: token projection size; None = unprojected hidden vectors
 
 
 @dataclass
@@ -158,16 +161,31 @@ def init_cross_encoder(cfg: CETrainConfig, device: torch.device) -> CrossEncoder
     """From --init, else the packaged MiniLM with a new one-logit head (seeded by the caller's seed_all)."""
     offline()
     path = str(cfg.init or default_model_path())
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return CrossEncoder(PairScorer(model), tokenizer, name=Path(cfg.out_dir).name, weights_hash="unsaved",
+    scorer = new_head(cfg.head, load_classifier(path), tokenizer, head_options(cfg))
+    return CrossEncoder(scorer, tokenizer, name=Path(cfg.out_dir).name, weights_hash="unsaved",
                         lengths=PairLengths(cfg.query_max_length, cfg.max_length), device=device)
+
+
+def head_options(cfg: CETrainConfig) -> dict:
+    """The variant's own fields for models/ce_heads.py new_head()."""
+    return {"dim": cfg.late_dim} if cfg.head == "cls+late" else {}
 
 
 def group_logits(ce: CrossEncoder, batch: list[tuple[str, list[str]]]) -> torch.Tensor:
     queries = [q for q, docs in batch for _ in docs]
     docs = [d for _, group in batch for d in group]
     return ce.scorer(**ce.tokenize_pairs(queries, docs)).view(len(batch), -1)  # (G, 1+n)
+
+
+def group_parts(ce: CrossEncoder, batch: list[tuple[str, list[str]]]) -> list[torch.Tensor]:
+    """(G, 1+n) logits of each separately trained score: the head's parts() when it has them (cls+late: s_cls and
+    s_late, one loss each, losses added), else its single score."""
+    if not hasattr(ce.scorer, "parts"):
+        return [group_logits(ce, batch)]
+    queries = [q for q, docs in batch for _ in docs]
+    docs = [d for _, group in batch for d in group]
+    return [part.view(len(batch), -1) for part in ce.scorer.parts(**ce.tokenize_pairs(queries, docs))]
 
 
 def dev_rankings(ce: CrossEncoder | None, ds: Dataset) -> dict[str, list[str]]:
@@ -240,6 +258,8 @@ def save_fp16(ce: CrossEncoder, out_dir: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, state_dict=half, safe_serialization=True)
     ce.tokenizer.save_pretrained(tmp)
+    if hasattr(ce.scorer, "save_head"):  # a variant's sieve_head.json and head.safetensors (models/ce_heads.py)
+        ce.scorer.save_head(tmp)
     for file in tmp.iterdir():
         os.replace(file, out_dir / file.name)
     tmp.rmdir()
@@ -275,7 +295,7 @@ class CETrainer:
         return self._batches[1]
 
     def batch_loss(self, batch: list[tuple[str, list[str]]]) -> torch.Tensor:
-        return self.loss_fn(group_logits(self.ce, batch))
+        return sum(self.loss_fn(logits) for logits in group_parts(self.ce, batch))
 
     def train_step(self, passes: list[list]) -> float:
         """One optimizer step over `passes` forward passes (gradient accumulation); returns the mean loss."""
