@@ -1,0 +1,82 @@
+"""Figures of benchmarks/anncur.py (Agg backend, no display).
+
+figure3: the shape of Yadav et al. 2022, Figure 3: one row per cross-encoder, one panel per k (Top-k-Recall
+against cross-encoder calls per query, annCUR for each k_i and bi-encoder retrieve-and-rerank), and a last panel
+with nDCG@10 against the same budget. spectrum_plot: the normalised singular values of each cross-encoder's
+score matrix (test queries x documents), the paper's argument for the [emb] cross-encoder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.anncur_eval import RECALL_KS
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves(rows: list[dict], key: str) -> dict[str, tuple[list, list]]:
+    """label -> (ce_calls, values) for be+ce and each annCUR k_i, in budget order."""
+    out: dict[str, tuple[list, list]] = {}
+    for r in sorted(rows, key=lambda r: r["ce_calls"]):
+        if r["method"] == "ce-exhaustive" or key not in r:
+            continue
+        label = "BE+CE" if r["method"] == "be+ce" else f"annCUR k_i={r['k_i']}"
+        out.setdefault(label, ([], []))
+        out[label][0].append(r["ce_calls"])
+        out[label][1].append(r[key])
+    return out
+
+
+def figure3(doc: dict, path: Path) -> Path:
+    plt = pyplot()
+    labels = list(doc["cross_encoders"])
+    keys = [f"topk_recall@{k}" for k in RECALL_KS if any(f"topk_recall@{k}" in r for r in doc["rows"])] + ["ndcg@10"]
+    fig, axes = plt.subplots(len(labels), len(keys), figsize=(4.2 * len(keys), 3.6 * len(labels)), dpi=110,
+                             squeeze=False)
+    for i, label in enumerate(labels):
+        rows = [r for r in doc["rows"] if r["cross_encoder"] == label]
+        for j, key in enumerate(keys):
+            ax = axes[i][j]
+            for name, (x, y) in curves(rows, key).items():
+                be = name == "BE+CE"
+                ax.plot(x, y, label=name, marker="s" if be else "o", linestyle="--" if be else "-",
+                        color="black" if be else None, markersize=4)
+            ax.set_xlabel("cross-encoder calls per query")
+            ax.set_ylabel(key.replace("topk_recall@", "Top-k-Recall, k=") if "recall" in key else "nDCG@10")
+            ax.set_title(f"{label} ({doc['cross_encoders'][label]['head']})")
+            ax.grid(True, alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    s = doc["scale"]
+    fig.suptitle(f"annCUR vs BE+CE, {doc['dataset']} {doc['split']}: {s['test_queries']} queries, "
+                 f"{s['documents']} documents, k_q={s['anchor_queries_k_q']}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def spectrum_plot(doc: dict, path: Path) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    for label, info in doc["cross_encoders"].items():
+        values = info["spectrum_test"]["normalized"]
+        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{label} ({info['head']})")
+    ax.set_yscale("log")
+    ax.set_xlabel("singular value index")
+    ax.set_ylabel("singular value / largest")
+    shape = next(iter(doc["cross_encoders"].values()))["spectrum_test"]["shape"]
+    ax.set_title(f"Score-matrix spectrum, {doc['dataset']} ({shape[0]} queries x {shape[1]} documents)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
