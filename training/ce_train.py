@@ -58,7 +58,7 @@ class CETrainConfig:
     resume: bool = False
     init: Path | None = None  # a sequence-classification checkpoint; None = packaged MiniLM + a fresh head
     command: str = ""  # recorded in the model card
-    head: str = "cls"  # "cls" | "cls+late" (models/late_interaction.py)
+    head: str = "cls"  # "cls" | "cls+late" (models/late_interaction.py) | "emb" (models/emb_cross_encoder.py)
     late_dim: int | None = 128  # cls+late: token projection size; None = unprojected hidden vectors
 
 
@@ -271,7 +271,7 @@ class CETrainer:
     def __init__(self, cfg: CETrainConfig, datasets: list[Dataset], device: torch.device = torch.device("cpu")):
         self.cfg, self.datasets = cfg, datasets
         seed_all(cfg.seed)  # before the head is created, so a fresh head is the same on every run
-        self.ce = init_cross_encoder(cfg, device)
+        self.ce = self.new_model(device)
         n_groups = sum(sum(1 for i in range(len(ds.train.query_ids)) if ds.train.positives(i)) for ds in datasets)
         self.steps_per_epoch = math.ceil(math.ceil(n_groups / cfg.batch_groups) / cfg.grad_accum)
         self.total_steps = min(self.steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
@@ -280,6 +280,13 @@ class CETrainer:
         self.progress = Progress()
         self.train_log = TrainLog(Path(cfg.out_dir) / "train_log.jsonl")
         self._batches: tuple[int, list] = (-1, [])
+
+    def new_model(self, device: torch.device):
+        """The model trained here (a subclass may train another one through the same loop: training/mix_train.py)."""
+        return init_cross_encoder(self.cfg, device)
+
+    def save_best(self) -> None:
+        save_fp16(self.ce, Path(self.cfg.out_dir))
 
     @property
     def state_dir(self) -> Path:
@@ -334,7 +341,7 @@ class CETrainer:
         p.last_eval_step = p.step
         if record["dev_ndcg@10"]["mean"] > p.best:
             p.best, p.best_step = record["dev_ndcg@10"]["mean"], p.step
-            save_fp16(self.ce, Path(self.cfg.out_dir))
+            self.save_best()
         self.log(record)
         return record
 
@@ -376,15 +383,17 @@ class CETrainer:
 
 
 def train_cross_encoder(cfg: CETrainConfig, biencoder, cache_dir: Path | None = None,
-                        device: torch.device = torch.device("cpu"), progress_bar: bool = True) -> dict:
-    """Prepare data, train (or resume), write the best checkpoint and its model card; returns a summary."""
+                        device: torch.device = torch.device("cpu"), progress_bar: bool = True,
+                        trainer_cls: type = CETrainer) -> dict:
+    """Prepare data, train (or resume), write the best checkpoint and its model card; returns a summary.
+    trainer_cls: CETrainer or a subclass training another reranker on the same groups (MixTrainer)."""
     out = Path(cfg.out_dir)
     if not cfg.resume and (out / "state").exists():
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or pick another --out")
     out.mkdir(parents=True, exist_ok=True)
     datasets = [load_dataset(Path(d), biencoder, cfg, cache_dir) for d in cfg.data_dirs]
     baseline = dev_ndcg(None, datasets)
-    trainer = CETrainer(cfg, datasets, device)
+    trainer = trainer_cls(cfg, datasets, device)
     if cfg.resume:
         trainer.resume()
     trainer.log({"event": "start", "step": trainer.progress.step, "be_ndcg@10": baseline, "command": cfg.command})
