@@ -5,7 +5,8 @@ Both answer one SearchParams with the ranked ids, the pipeline's own per-stage t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from pipeline.searcher import SearchParams
 
@@ -15,6 +16,7 @@ class QueryResult:
     ids: list[str]
     timings_ms: dict[str, float]  # be_encode, cmc_encode, mips, cmc, ce, total: whichever ran
     ce_pairs: int
+    ce_scores: dict[str, float] = field(default_factory=dict)  # doc id -> CE score, for the pairs the CE scored
 
 
 class InProcessBackend:
@@ -24,13 +26,15 @@ class InProcessBackend:
     @property
     def stages(self) -> set[str]:
         """Optional stages that are loaded ("cmc", "ce")."""
-        loaded = {"cmc": self.searcher.cmc, "ce": self.searcher.cross_encoder}
+        loaded = {"cmc": self.searcher.cmc, "ce": self.searcher.cross_encoder, "anncur": self.searcher.anncur}
         return {stage for stage, model in loaded.items() if model is not None}
 
     def search(self, params: SearchParams) -> QueryResult:
         outcome = self.searcher.search(params)
         ids = self.searcher.index.ids(outcome.candidates.rows)
-        return QueryResult(ids, dict(outcome.state.timings_ms), outcome.state.counts.get("ce", 0))
+        ce = outcome.candidates.scores.get("ce")
+        scored = {} if ce is None else {i: float(s) for i, s in zip(ids, ce) if not math.isnan(s)}
+        return QueryResult(ids, dict(outcome.state.timings_ms), outcome.state.counts.get("ce", 0), scored)
 
     def describe(self) -> dict:
         s = self.searcher
@@ -56,20 +60,25 @@ class HttpBackend:
     @property
     def stages(self) -> set[str]:
         models = self.ready["models"]
-        return {stage for stage, role in (("cmc", "cmc"), ("ce", "cross_encoder")) if models.get(role)}
+        return {stage for stage, role in (("cmc", "cmc"), ("ce", "cross_encoder"), ("anncur", "anncur"))
+                if models.get(role)}
 
     def search(self, params: SearchParams) -> QueryResult:
         body = {"query": params.query, "top_k": params.top_k, "retrieve_k": params.retrieve_k,
                 "rerank": params.rerank, "cmc_k": params.cmc_k, "cross_encoder": params.cross_encoder}
+        if params.retriever != "be":
+            body["retriever"] = params.retriever
         response = self.client.post("/search", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"POST {self.url}/search answered {response.status_code}: {response.text[:500]}")
         data = response.json()
         timings = {k: v for k, v in data["timings_ms"].items() if v is not None}
-        return QueryResult([hit["id"] for hit in data["results"]], timings, self.ce_pairs(params))
+        scored = {hit["id"]: hit["scores"]["ce"] for hit in data["results"] if hit["scores"].get("ce") is not None}
+        return QueryResult([hit["id"] for hit in data["results"]], timings, self.ce_pairs(params), scored)
 
     def ce_pairs(self, params: SearchParams) -> int:
         # /search reports no per-stage counts; the CE scores the first cmc_k of the (clamped) retrieved list
+        # (with retriever anncur, plus k_i anchor pairs that only the in-process backend counts)
         if not params.cross_encoder:
             return 0
         return min(params.cmc_k, params.retrieve_k, self.ready["index_size"])

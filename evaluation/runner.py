@@ -8,13 +8,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from tqdm.auto import tqdm
+
 from evaluation.backends import QueryResult
 from evaluation.dataset import EvalData
 from evaluation.summary import summarize
 from pipeline.searcher import SearchParams
 
 STAGE_HELP = {"cmc": "the CMC stage (SIEVE_CMC_ENABLED=true)",
-              "ce": "a cross-encoder (SIEVE_CROSS_ENCODER_PATH)"}
+              "ce": "a cross-encoder (SIEVE_CROSS_ENCODER_PATH)",
+              "anncur": "an annCUR index (SIEVE_ANNCUR_DIR, built by `sieve index anncur`)"}
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,12 @@ class Pipeline:
     rerank: str  # SearchParams.rerank
     cross_encoder: bool
     ce_input: str = "ce_k"  # EvalConfig field: how many candidates reach the cross-encoder
+    retriever: str = "be"  # SearchParams.retriever: "anncur" retrieves with the cross-encoder itself
 
     def params(self, query: str, cfg: EvalConfig) -> SearchParams:
         return SearchParams(query, top_k=cfg.top_k, retrieve_k=cfg.retrieve_k, rerank=self.rerank,
-                            cmc_k=getattr(cfg, self.ce_input), cross_encoder=self.cross_encoder)
+                            cmc_k=getattr(cfg, self.ce_input), cross_encoder=self.cross_encoder,
+                            retriever=self.retriever)
 
 
 PIPELINES = {
@@ -50,6 +55,9 @@ PIPELINES = {
     "be+cmc": Pipeline(("cmc",), "cmc", False),
     "be+ce": Pipeline(("ce",), "none", True, "ce_k"),
     "be+cmc+ce": Pipeline(("cmc", "ce"), "cmc", True, "cmc_k"),
+    # annCUR: k_i anchor pairs + MIPS over the annCUR index; +ce: the anchors and the best ce_k others scored exactly
+    "anncur": Pipeline(("anncur",), "none", False, "ce_k", "anncur"),
+    "anncur+ce": Pipeline(("anncur",), "none", True, "ce_k", "anncur"),
 }
 
 
@@ -61,20 +69,33 @@ def parse_pipelines(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig) -> dict:
-    """One warm-up query first, so lazy initialisation (thread pools, allocator) stays out of the latencies."""
+@dataclass
+class CEScored:
+    """One query's cross-encoder scores from a pipeline run, and the CE time that call took (Table 2 reuses them
+    instead of scoring the same pairs again)."""
+
+    scores: dict[str, float]  # doc id -> CE score
+    ms: float
+
+
+def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig,
+                 ce_log: dict[str, list[CEScored]] | None = None) -> dict:
+    """One warm-up query first, so lazy initialisation (thread pools, allocator) stays out of the latencies.
+    ce_log, when given, collects per query id what the cross-encoder scored."""
     backend.search(pipeline.params(next(iter(data.queries.values())), cfg))
     rankings, timings, pairs = {}, [], []
-    for qid, text in data.queries.items():
+    for qid, text in tqdm(data.queries.items(), desc="queries", unit="query", leave=False):
         result: QueryResult = backend.search(pipeline.params(text, cfg))
         rankings[qid] = result.ids
         timings.append(result.timings_ms)
         pairs.append(result.ce_pairs)
+        if ce_log is not None and result.ce_scores:
+            ce_log.setdefault(qid, []).append(CEScored(result.ce_scores, result.timings_ms.get("ce", 0.0)))
     return summarize(rankings, timings, pairs, data.qrels)
 
 
 def run_pipelines(backend, data: EvalData, names: list[str], cfg: EvalConfig,
-                  log: Callable[[str], None] = print) -> dict[str, dict]:
+                  log: Callable[[str], None] = print, ce_log: dict | None = None) -> dict[str, dict]:
     """Pipelines whose stages the backend lacks are skipped with a message; the others run in order."""
     results = {}
     for name in names:
@@ -84,7 +105,7 @@ def run_pipelines(backend, data: EvalData, names: list[str], cfg: EvalConfig,
             log(f"skipping {name}: it needs {' and '.join(STAGE_HELP[s] for s in missing)}, which is not configured")
             continue
         started = time.perf_counter()
-        results[name] = run_pipeline(backend, pipeline, data, cfg)
+        results[name] = run_pipeline(backend, pipeline, data, cfg, ce_log)
         log(f"{name}: {len(data.queries)} queries in {time.perf_counter() - started:.1f}s, "
             f"nDCG@10 {results[name]['ndcg@10']:.4f}")
     return results

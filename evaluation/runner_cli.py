@@ -93,8 +93,10 @@ def evaluate(args: argparse.Namespace, settings, data, cfg: EvalConfig) -> dict:
             backend = stack.enter_context(closing(HttpBackend(args.server)))
         else:
             backend = InProcessBackend(local.searcher)
-        pipelines = run_pipelines(backend, data, args.pipelines, cfg, log=log)
-        table2 = run_table2(local.searcher, data, log=log) if args.table2 else None
+        ce_log: dict = {}  # CE scores the pipelines compute, reused by Table 2 (same model, same pairs)
+        pipelines = run_pipelines(backend, data, args.pipelines, cfg, log=log, ce_log=ce_log)
+        reuse = ce_log if not args.server else None  # a server may run another cross-encoder
+        table2 = run_table2(local.searcher, data, log=log, known=reuse) if args.table2 else None
     if not pipelines and table2 is None:
         raise SystemExit("sieve eval: nothing could run with the stages configured (see the messages above)")
     return eval_document(data, pipelines, settings_record(settings, cfg, args, backend), command_line(args), table2)

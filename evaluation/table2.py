@@ -10,9 +10,10 @@ Runs on the Searcher's components directly (its real Retrieve and CMCRerank stag
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from evaluation.dataset import EvalData
 from evaluation.metrics import ndcg_at_k
@@ -39,10 +40,22 @@ class PairScoreCache:
         texts = [doc.full_text for doc in self.index.documents(missing)]
         start = time.perf_counter()
         scores = self.cross_encoder.score(self.query, texts).numpy()  # (n,)
-        elapsed_ms = (time.perf_counter() - start) * 1000
-        tokens = self.cross_encoder.tokenize_pairs(self.query, texts)["attention_mask"].sum(1).double().numpy()  # (n,)
-        for row, score, share in zip(missing, scores, tokens / tokens.sum()):
-            self.scores[row], self.ms[row] = float(score), elapsed_ms * float(share)
+        self.add(missing, texts, scores, (time.perf_counter() - start) * 1000)
+
+    def seed(self, known: Iterable) -> None:
+        """Scores a pipeline run already paid for (evaluation.runner.CEScored): reused, with that call's time."""
+        for call in known:
+            ids = [i for i in call.scores if self.index.has_id(i)]
+            if ids:
+                rows = [int(r) for r in self.index.rows_for_ids(ids)]
+                texts = [doc.full_text for doc in self.index.documents(rows)]
+                self.add(rows, texts, np.array([call.scores[i] for i in ids]), call.ms)
+
+    def add(self, rows: Sequence[int], texts: Sequence[str], scores: np.ndarray, elapsed_ms: float) -> None:
+        """Record scores; the call's time is split over its pairs in proportion to their token counts."""
+        tokens = self.cross_encoder.tokenize_pairs(self.query, list(texts))["attention_mask"].sum(1).double().numpy()
+        for row, score, share in zip(rows, scores, tokens / tokens.sum()):
+            self.scores[int(row)], self.ms[int(row)] = float(score), elapsed_ms * float(share)
 
     def lookup(self, rows: Sequence[int]) -> tuple[np.ndarray, float]:
         """(scores (n,), CE ms these pairs cost); scores any pair not seen yet."""
@@ -65,10 +78,11 @@ def candidate_lists(searcher, query: str, cmc_over: Sequence[int]) -> tuple[dict
 
 
 def score_query(searcher, query: str, judged: Mapping[str, int], cmc_over: Sequence[int],
-                k_primes: Sequence[int]) -> dict[tuple, tuple[float, float, float]]:
-    """(source, cmc_over, K') -> (nDCG@10, CE ms, CMC ms) for one query."""
+                k_primes: Sequence[int], known: Iterable = ()) -> dict[tuple, tuple[float, float, float]]:
+    """(source, cmc_over, K') -> (nDCG@10, CE ms, CMC ms) for one query; `known`: CE scores already computed."""
     lists, cmc_ms = candidate_lists(searcher, query, cmc_over)
     cache = PairScoreCache(searcher.cross_encoder, searcher.index, query)
+    cache.seed(known)
     cache.fill([row for cands in lists.values() for row in cands.rows[:max(k_primes)]])  # one batched CE call
     out = {}
     for (source, n), cands in lists.items():
@@ -88,18 +102,23 @@ def clamp_sizes(searcher, cmc_over: Sequence[int], k_primes: Sequence[int]) -> t
 
 
 def run_table2(searcher, data: EvalData, cmc_over: Sequence[int] = CMC_OVER, k_primes: Sequence[int] = K_PRIMES,
-               log: Callable[[str], None] = print) -> dict | None:
+               log: Callable[[str], None] = print, known: Mapping[str, list] | None = None) -> dict | None:
+    """known: query id -> CE scores the pipelines already computed (evaluation.runner.CEScored), reused."""
     missing = [what for what, model in (("CMC", searcher.cmc), ("a cross-encoder", searcher.cross_encoder)) if model is None]
     if missing:
         log(f"skipping --table2: it needs {' and '.join(missing)}, which is not configured")
         return None
     cmc_over, k_primes = clamp_sizes(searcher, cmc_over, k_primes)
     started = time.perf_counter()
-    per_query = [score_query(searcher, text, data.qrels[qid], cmc_over, k_primes) for qid, text in data.queries.items()]
+    known = known or {}
+    per_query = [score_query(searcher, text, data.qrels[qid], cmc_over, k_primes, known.get(qid, ()))
+                 for qid, text in tqdm(data.queries.items(), desc="table2", unit="query")]
     log(f"table2: {len(per_query)} queries in {time.perf_counter() - started:.1f}s")
     return {"queries": len(per_query), "rows": table_rows(per_query, cmc_over, k_primes),
-            "ce_ms_method": "one CE call per query over the union of all configurations' pairs; a configuration "
-                            "is charged its pairs' share of that call's wall time, by token count"}
+            "ce_ms_method": "every pair is scored once per query: pairs the pipelines already scored are reused with "
+                            "their share of that pipeline call's CE time, the rest in one CE call over the union of "
+                            "all configurations' pairs; a configuration is charged its pairs' share of the wall time "
+                            "of the call that scored them, by token count"}
 
 
 def table_rows(per_query: list[dict], cmc_over: Sequence[int], k_primes: Sequence[int]) -> list[dict]:
