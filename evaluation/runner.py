@@ -89,7 +89,7 @@ def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig,
         rankings[qid] = result.ids
         timings.append(result.timings_ms)
         pairs.append(result.ce_pairs)
-        if ce_log is not None and result.ce_scores:
+        if ce_log is not None and result.ce_scores and pipeline.retriever == "be":  # annCUR may run another CE
             ce_log.setdefault(qid, []).append(CEScored(result.ce_scores, result.timings_ms.get("ce", 0.0)))
     return summarize(rankings, timings, pairs, data.qrels)
 

@@ -18,6 +18,7 @@ import torch
 from models.cmc_checkpoint import CMCBundle
 from models.cross_encoder import CrossEncoder
 from models.text_encoder import TextEncoder
+from pipeline.anncur_stage import AnnCUR, anncur_stages
 from pipeline.batching import BatchConfig, Runners
 from pipeline.candidates import Candidates
 from pipeline.errors import QueryTooLong, RequestError, StageUnavailable
@@ -28,6 +29,7 @@ from pipeline.state import QueryState
 from pipeline.threadsafe import lock_tokenizers
 
 RERANKERS = ("cmc", "none")
+RETRIEVERS = ("be", "anncur")
 __all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "normalise_query"]
 
 
@@ -40,6 +42,7 @@ class SearchParams:
     cmc_k: int = 64  # candidates CMC passes on, and the number the cross-encoder scores
     cross_encoder: bool = False
     timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
+    retriever: str = "be"  # "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
 
 
 @dataclass
@@ -71,7 +74,7 @@ class Searcher:
     def __init__(self, biencoder: TextEncoder, index, cmc: CMCBundle | None = None,
                  cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
                  batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
-                 embedding_cache: EmbeddingCache | None = None):
+                 embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None):
         self.biencoder = biencoder
         self.index = index
         self.cmc = cmc
@@ -82,6 +85,9 @@ class Searcher:
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
         lock_tokenizers(biencoder, *([cmc.query_tower, cmc.candidate_tower] if cmc else []), cross_encoder)
+        if anncur is not None and anncur.cross_encoder is not cross_encoder:
+            lock_tokenizers(anncur.cross_encoder)
+        self.anncur = anncur
 
     def close(self) -> None:
         self.runners.close()
@@ -140,6 +146,9 @@ class Searcher:
     # -- /search ----------------------------------------------------------------------------------------------
     def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
         index = index if index is not None else self.index
+        if params.retriever == "anncur":
+            rerank_k = params.cmc_k if params.cross_encoder else 0
+            return anncur_stages(self.require_anncur(index), retrieve_k, rerank_k, index, self.batching.ce_tokens)
         stages: list[Stage] = [Retrieve(index, retrieve_k)]
         if params.rerank == "cmc":
             # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
@@ -158,7 +167,7 @@ class Searcher:
             state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
             retrieve_k = index.size
         stages = self.plan(params, retrieve_k, index)
-        towers = {"be": self.biencoder}
+        towers = {"be": self.biencoder} if params.retriever == "be" else {}  # annCUR needs no query vector
         if params.rerank == "cmc":
             towers["cmc"] = self.cmc.query_tower
         self.encode_query(state, towers)
@@ -170,6 +179,11 @@ class Searcher:
     def check_params(self, params: SearchParams) -> None:
         if params.rerank not in RERANKERS:
             raise RequestError(f"rerank {params.rerank!r} is not supported", field="rerank", allowed=" | ".join(RERANKERS))
+        if params.retriever not in RETRIEVERS:
+            raise RequestError(f"retriever {params.retriever!r} is not supported", field="retriever",
+                               allowed=" | ".join(RETRIEVERS))
+        if params.retriever == "anncur":
+            self.check_anncur(params)
         if params.top_k > params.retrieve_k:
             raise RequestError(f"top_k {params.top_k} is larger than retrieve_k {params.retrieve_k}",
                                field="top_k", allowed=f"1 <= top_k <= retrieve_k ({params.retrieve_k})")
@@ -178,8 +192,25 @@ class Searcher:
                                field="cmc_k", allowed=f"1 <= cmc_k <= retrieve_k ({params.retrieve_k})")
         if params.rerank == "cmc":
             self.require_cmc()
-        if params.cross_encoder:
+        if params.cross_encoder and params.retriever == "be":
             self.require_cross_encoder()
+
+    def check_anncur(self, params: SearchParams) -> None:
+        if params.rerank != "none":
+            raise RequestError("CMC reranks bi-encoder candidates; annCUR's come from the cross-encoder itself",
+                               field="rerank", allowed="none with retriever anncur (cross_encoder: true reranks exactly)")
+        self.require_anncur(self.index)
+
+    def require_anncur(self, index) -> AnnCUR:
+        if self.anncur is None:
+            raise StageUnavailable("no annCUR index is configured on this server", field="retriever",
+                                   allowed="be (the server operator sets SIEVE_ANNCUR_DIR to an index built by "
+                                           "`sieve index anncur`)")
+        if self.anncur.index.corpus_hash != index.manifest.corpus_hash:
+            raise StageUnavailable("the annCUR index was built from other documents than the live index holds "
+                                   "(the index changed since)", field="retriever",
+                                   allowed="be, until the operator rebuilds it with `sieve index anncur`")
+        return self.anncur
 
     def require_cmc(self) -> CMCBundle:
         if self.cmc is None:
