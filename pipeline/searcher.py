@@ -26,7 +26,7 @@ from pipeline.rerank_inputs import RerankItem, rerank_candidates, resolve_texts
 from pipeline.runner import run_stage
 from pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
 from pipeline.state import QueryState
-from pipeline.threadsafe import lock_tokenizers
+from pipeline.threadsafe import with_locked_tokenizers
 
 RERANKERS = ("cmc", "none")
 RETRIEVERS = ("be", "anncur")
@@ -75,19 +75,23 @@ class Searcher:
                  cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
                  batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
                  embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None):
-        self.biencoder = biencoder
+        # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
+        self.biencoder, self.cmc, self.cross_encoder = with_locked_tokenizers(biencoder, cmc, cross_encoder)
         self.index = index
-        self.cmc = cmc
-        self.cross_encoder = cross_encoder
         self.query_overflow = query_overflow
         self.batching = batching
         self.stage_budgets_ms = dict(stage_budgets_ms or {})
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
-        lock_tokenizers(biencoder, *([cmc.query_tower, cmc.candidate_tower] if cmc else []), cross_encoder)
-        if anncur is not None and anncur.cross_encoder is not cross_encoder:
-            lock_tokenizers(anncur.cross_encoder)
-        self.anncur = anncur
+        self.anncur = self.locked_anncur(anncur, cross_encoder)
+
+    def locked_anncur(self, anncur: AnnCUR | None, cross_encoder) -> AnnCUR | None:
+        """annCUR's cross-encoder with a locked tokenizer: the CE stage's own copy when it is the same model."""
+        if anncur is None:
+            return None
+        ce = self.cross_encoder if anncur.cross_encoder is cross_encoder else \
+            with_locked_tokenizers(None, None, anncur.cross_encoder)[2]
+        return AnnCUR(anncur.index, ce)
 
     def close(self) -> None:
         self.runners.close()

@@ -3,6 +3,8 @@ workers and the request threads share them, so every call goes through one lock 
 short next to a forward pass, so the lock costs little."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
 
 
@@ -32,11 +34,26 @@ class LockedTokenizer:
         setattr(self._inner, name, value)
 
 
-def lock_tokenizers(*models) -> None:
-    """Give every model that has a tokenizer a locked one; models sharing a tokenizer share its lock."""
+def with_locked_tokenizers(biencoder, cmc, cross_encoder):
+    """Shallow copies of the models (same weights) whose tokenizers are locked; the caller's objects are left as
+    they are. Models that share a tokenizer share its lock, and a tower used twice (a CMC query tower that is the
+    bi-encoder) stays one object."""
     proxies: dict[int, LockedTokenizer] = {}
-    for model in models:
-        tokenizer = getattr(model, "tokenizer", None)
-        if tokenizer is None or isinstance(tokenizer, LockedTokenizer):
-            continue
-        model.tokenizer = proxies.setdefault(id(tokenizer), LockedTokenizer(tokenizer))
+    copies: dict[int, object] = {}
+
+    def locked(model):
+        if model is None:
+            return None
+        if id(model) not in copies:
+            tokenizer = model.tokenizer
+            if not isinstance(tokenizer, LockedTokenizer):
+                tokenizer = proxies.setdefault(id(tokenizer), LockedTokenizer(tokenizer))
+            clone = copy.copy(model)
+            clone.tokenizer = tokenizer
+            copies[id(model)] = clone
+        return copies[id(model)]
+
+    biencoder = locked(biencoder)
+    if cmc is not None:
+        cmc = dataclasses.replace(cmc, query_tower=locked(cmc.query_tower), candidate_tower=locked(cmc.candidate_tower))
+    return biencoder, cmc, locked(cross_encoder)

@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
+    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version, checked this often; 0 = only on POST /admin/index/reload.")
     # server
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)

@@ -15,10 +15,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.exceptions import HTTPException
 
 from index import Document, UnknownDocumentError, apply_changes
+from index.layout import read_current, version_name
 
 log = logging.getLogger("sieve.updates")
 MAX_GROUP_DOCS = 10_000  # one group commit holds at most this many upserted documents
@@ -38,9 +40,11 @@ class Conflict(HTTPException):
 
 
 class IndexUpdater:
-    def __init__(self, searcher, index_dir, encoders: dict, load_index, wait_ms: float, on_swap=None):
+    def __init__(self, searcher, index_dir, encoders: dict, load_index, wait_ms: float, on_swap=None,
+                 poll_s: float = 0):
         self.searcher, self.index_dir, self.encoders = searcher, index_dir, encoders
         self.load_index, self.wait_s, self.on_swap = load_index, wait_ms / 1000, on_swap
+        self.poll_s = poll_s or None  # None: block until a write or reload arrives
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()  # one swap at a time
         self.thread = threading.Thread(target=self.loop, name="index-writer", daemon=True)
@@ -66,7 +70,12 @@ class IndexUpdater:
     # -- the writer thread ------------------------------------------------------------------------------------
     def loop(self) -> None:
         while True:
-            first = self.queue.get()
+            try:
+                first = self.queue.get(timeout=self.poll_s)
+            except queue.Empty:  # nothing to write: has another writer (CLI, replica) published a version?
+                first = Write(reload=True) if self.newer_on_disk() else None
+                if first is None:
+                    continue
             if first is None:
                 return
             group = self.collect(first)
@@ -138,6 +147,13 @@ class IndexUpdater:
                     done.discard(w)
             return self.net_effect([w for w in writes if w in done]) if done else ({}, set(), set())
         return upserts, deletes, done
+
+    def newer_on_disk(self) -> bool:
+        try:
+            return read_current(Path(self.index_dir)) != version_name(self.searcher.index.version)
+        except Exception:  # noqa: BLE001 - a damaged CURRENT is reported by the next explicit reload
+            log.exception("could not read %s/CURRENT", self.index_dir)
+            return False
 
     def swap(self, commit_s: float | None) -> None:
         """Load the live version from disk and make it the one new requests read (in-flight ones keep theirs)."""
