@@ -26,7 +26,8 @@ class InProcessBackend:
     @property
     def stages(self) -> set[str]:
         """Optional stages that are loaded ("cmc", "ce")."""
-        loaded = {"cmc": self.searcher.cmc, "ce": self.searcher.cross_encoder, "anncur": self.searcher.anncur}
+        loaded = {"cmc": self.searcher.cmc, "ce": self.searcher.cross_encoder, "anncur": self.searcher.anncur,
+                  "mix": self.searcher.mix, "ce_late": self.searcher.late_ce}
         return {stage for stage, model in loaded.items() if model is not None}
 
     def search(self, params: SearchParams) -> QueryResult:
@@ -34,7 +35,8 @@ class InProcessBackend:
         ids = self.searcher.index.ids(outcome.candidates.rows)
         ce = outcome.candidates.scores.get("ce")
         scored = {} if ce is None else {i: float(s) for i, s in zip(ids, ce) if not math.isnan(s)}
-        return QueryResult(ids, dict(outcome.state.timings_ms), outcome.state.counts.get("ce", 0), scored)
+        pairs = outcome.state.counts.get("ce", 0) + outcome.state.counts.get("ce_late", 0)
+        return QueryResult(ids, dict(outcome.state.timings_ms), pairs, scored)
 
     def describe(self) -> dict:
         s = self.searcher
@@ -60,14 +62,17 @@ class HttpBackend:
     @property
     def stages(self) -> set[str]:
         models = self.ready["models"]
-        return {stage for stage, role in (("cmc", "cmc"), ("ce", "cross_encoder"), ("anncur", "anncur"))
-                if models.get(role)}
+        roles = (("cmc", "cmc"), ("ce", "cross_encoder"), ("anncur", "anncur"), ("mix", "mix"),
+                 ("ce_late", "late_cross_encoder"))
+        return {stage for stage, role in roles if models.get(role)}
 
     def search(self, params: SearchParams) -> QueryResult:
         body = {"query": params.query, "top_k": params.top_k, "retrieve_k": params.retrieve_k,
                 "rerank": params.rerank, "cmc_k": params.cmc_k, "cross_encoder": params.cross_encoder}
         if params.retriever != "be":
             body["retriever"] = params.retriever
+        if params.ce_model != "ce":
+            body["ce_model"] = params.ce_model
         response = self.client.post("/search", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"POST {self.url}/search answered {response.status_code}: {response.text[:500]}")

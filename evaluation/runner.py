@@ -17,7 +17,9 @@ from pipeline.searcher import SearchParams
 
 STAGE_HELP = {"cmc": "the CMC stage (SIEVE_CMC_ENABLED=true)",
               "ce": "a cross-encoder (SIEVE_CROSS_ENCODER_PATH)",
-              "anncur": "an annCUR index (SIEVE_ANNCUR_DIR, built by `sieve index anncur`)"}
+              "anncur": "an annCUR index (SIEVE_ANNCUR_DIR, built by `sieve index anncur`)",
+              "mix": "a MixEncoder (SIEVE_MIX_PATH, its context store in the index)",
+              "ce_late": "a late-interaction cross-encoder (SIEVE_LATE_CE_PATH)"}
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,12 @@ class Pipeline:
     cross_encoder: bool
     ce_input: str = "ce_k"  # EvalConfig field: how many candidates reach the cross-encoder
     retriever: str = "be"  # SearchParams.retriever: "anncur" retrieves with the cross-encoder itself
+    ce_model: str = "ce"  # SearchParams.ce_model: "ce_late" = the late-interaction cross-encoder
 
     def params(self, query: str, cfg: EvalConfig) -> SearchParams:
         return SearchParams(query, top_k=cfg.top_k, retrieve_k=cfg.retrieve_k, rerank=self.rerank,
                             cmc_k=getattr(cfg, self.ce_input), cross_encoder=self.cross_encoder,
-                            retriever=self.retriever)
+                            retriever=self.retriever, ce_model=self.ce_model)
 
 
 PIPELINES = {
@@ -58,6 +61,11 @@ PIPELINES = {
     # annCUR: k_i anchor pairs + MIPS over the annCUR index; +ce: the anchors and the best ce_k others scored exactly
     "anncur": Pipeline(("anncur",), "none", False, "ce_k", "anncur"),
     "anncur+ce": Pipeline(("anncur",), "none", True, "ce_k", "anncur"),
+    # issue 5: the MixEncoder ranks all retrieve_k (as CMC does); ce_late = the cls+late cross-encoder
+    "be+mix": Pipeline(("mix",), "mix", False),
+    "be+mix+ce": Pipeline(("mix", "ce"), "mix", True, "cmc_k"),
+    "be+ce_late": Pipeline(("ce_late",), "none", True, "ce_k", ce_model="ce_late"),
+    "be+cmc+ce_late": Pipeline(("cmc", "ce_late"), "cmc", True, "cmc_k", ce_model="ce_late"),
 }
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-STAGES = ("retrieve", "cmc", "ce")
+STAGES = ("retrieve", "cmc", "mix", "ce", "ce_late")
 
 
 @dataclass

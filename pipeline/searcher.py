@@ -17,18 +17,21 @@ import torch
 
 from models.cmc_checkpoint import CMCBundle
 from models.cross_encoder import CrossEncoder
+from models.mix_runtime import MixRuntime
 from models.text_encoder import TextEncoder
 from pipeline.anncur_stage import AnnCUR, anncur_stages
 from pipeline.batching import BatchConfig, Runners
 from pipeline.candidates import Candidates
 from pipeline.errors import QueryTooLong, RequestError, StageUnavailable
-from pipeline.rerank_inputs import RerankItem, rerank_candidates, resolve_texts
+from pipeline.rerank_inputs import RerankItem, indexed_rows, rerank_candidates, resolve_texts
+from pipeline.rerankers import LateCrossEncoderRerank, MixRerank, locked_copy
 from pipeline.runner import run_stage
 from pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
 from pipeline.state import QueryState
 from pipeline.threadsafe import with_locked_tokenizers
 
-RERANKERS = ("cmc", "none")
+RERANKERS = ("cmc", "mix", "none")
+CE_MODELS = ("ce", "ce_late")  # the cross-encoder that scores the head: the plain one or the late-interaction one
 RETRIEVERS = ("be", "anncur")
 __all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "normalise_query"]
 
@@ -43,6 +46,7 @@ class SearchParams:
     cross_encoder: bool = False
     timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
     retriever: str = "be"  # "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
+    ce_model: str = "ce"  # with cross_encoder: "ce" or "ce_late" (pipeline/rerankers.py)
 
 
 @dataclass
@@ -74,7 +78,8 @@ class Searcher:
     def __init__(self, biencoder: TextEncoder, index, cmc: CMCBundle | None = None,
                  cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
                  batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
-                 embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None):
+                 embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None,
+                 mix: MixRuntime | None = None, late_ce: CrossEncoder | None = None):
         # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
         self.biencoder, self.cmc, self.cross_encoder = with_locked_tokenizers(biencoder, cmc, cross_encoder)
         self.index = index
@@ -84,6 +89,7 @@ class Searcher:
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
         self.anncur = self.locked_anncur(anncur, cross_encoder)
+        self.mix, self.late_ce = locked_copy(mix), locked_copy(late_ce)
 
     def locked_anncur(self, anncur: AnnCUR | None, cross_encoder) -> AnnCUR | None:
         """annCUR's cross-encoder with a locked tokenizer: the CE stage's own copy when it is the same model."""
@@ -157,9 +163,16 @@ class Searcher:
         if params.rerank == "cmc":
             # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
             stages.append(CMCRerank(self.require_cmc(), index, self.batching.cmc_candidates))
+        elif params.rerank == "mix":
+            stages.append(MixRerank(self.require_mix(), index))  # like CMC: ranks all retrieve_k
         if params.cross_encoder:
-            stages.append(CrossEncoderRerank(self.require_cross_encoder(), index, params.cmc_k, self.batching.ce_tokens))
+            stages.append(self.ce_stage(params.ce_model, index, params.cmc_k))
         return stages
+
+    def ce_stage(self, model: str, index, k: int) -> Stage:
+        if model == "ce_late":
+            return LateCrossEncoderRerank(self.require_late_ce(), index, k, self.batching.ce_tokens)
+        return CrossEncoderRerank(self.require_cross_encoder(), index, k, self.batching.ce_tokens)
 
     def search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
@@ -194,10 +207,15 @@ class Searcher:
         if params.cmc_k > params.retrieve_k:
             raise RequestError(f"cmc_k {params.cmc_k} is larger than retrieve_k {params.retrieve_k}",
                                field="cmc_k", allowed=f"1 <= cmc_k <= retrieve_k ({params.retrieve_k})")
+        if params.ce_model not in CE_MODELS:
+            raise RequestError(f"ce_model {params.ce_model!r} is not supported", field="ce_model",
+                               allowed=" | ".join(CE_MODELS))
         if params.rerank == "cmc":
             self.require_cmc()
+        if params.rerank == "mix":
+            self.require_mix()
         if params.cross_encoder and params.retriever == "be":
-            self.require_cross_encoder()
+            self.require_late_ce() if params.ce_model == "ce_late" else self.require_cross_encoder()
 
     def check_anncur(self, params: SearchParams) -> None:
         if params.rerank != "none":
@@ -228,6 +246,18 @@ class Searcher:
                 allowed="false (the server operator sets SIEVE_CROSS_ENCODER_PATH to a local checkpoint directory)")
         return self.cross_encoder
 
+    def require_mix(self) -> MixRuntime:
+        if self.mix is None:
+            raise StageUnavailable("no MixEncoder is configured on this server", field="rerank",
+                                   allowed="cmc | none (the server operator sets SIEVE_MIX_PATH)")
+        return self.mix
+
+    def require_late_ce(self) -> CrossEncoder:
+        if self.late_ce is None:
+            raise StageUnavailable("no late-interaction cross-encoder is configured on this server", field="ce_model",
+                                   allowed="ce (the server operator sets SIEVE_LATE_CE_PATH to a cls+late checkpoint)")
+        return self.late_ce
+
     # -- /rerank ----------------------------------------------------------------------------------------------
     def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int,
                timeout_ms: int | None = None) -> Outcome:
@@ -242,11 +272,14 @@ class Searcher:
             state.candidates = rerank_candidates(index, items, texts, bundle, self.biencoder, state)
             state.ran.append("retrieve")
             stage = CMCRerank(bundle, index, self.batching.cmc_candidates)
-        elif model == "ce":
+        elif model in CE_MODELS:
             state.candidates = Candidates(rows=np.full(len(items), -1), texts=texts)
-            stage = CrossEncoderRerank(self.require_cross_encoder(), index, len(items), self.batching.ce_tokens)
+            stage = self.ce_stage(model, index, len(items))
+        elif model == "mix":  # indexed documents reuse their stored context embeddings
+            state.candidates = Candidates(rows=np.asarray(indexed_rows(index, items, texts)), texts=texts)
+            stage = MixRerank(self.require_mix(), index)
         else:
-            raise RequestError(f"model {model!r} is not supported", field="model", allowed="cmc | ce")
+            raise RequestError(f"model {model!r} is not supported", field="model", allowed="cmc | ce | ce_late | mix")
         state = self.run([stage], state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(top_n, len(state.candidates))))
