@@ -71,10 +71,23 @@ def load_late(path: Path, spec: dict, tokenizer) -> nn.Module:
     return load(path, spec, tokenizer)
 
 
+def new_cos(classifier: nn.Module, tokenizer, options: dict) -> nn.Module:
+    from models.ce_cos import new_cos as build
+
+    return build(classifier, tokenizer, options)
+
+
+def load_cos(path: Path, spec: dict, tokenizer) -> nn.Module:
+    from models.ce_cos import load_cos as load
+
+    return load(path, spec, tokenizer)
+
+
 HEADS: dict[str, Head] = {
     "cls": Head(new_cls, load_cls),
     "emb": Head(new_emb, load_emb),
     "cls+late": Head(new_late, load_late),
+    "cls+cos": Head(new_cos, load_cos),
 }
 
 

@@ -29,10 +29,12 @@ def register(commands) -> None:
     ce.add_argument("--seed", type=int, default=0)
     ce.add_argument("--resume", action="store_true", help="continue from OUT/state")
     ce.add_argument("--init", type=Path, help="start from this sequence-classification checkpoint")
-    ce.add_argument("--head", choices=["cls", "cls+late", "emb"], default="cls",
+    ce.add_argument("--head", choices=["cls", "cls+late", "emb", "cls+cos"], default="cls",
                     help="cls: one logit on [CLS]; cls+late: plus late interaction over the last-layer tokens "
                          "(Zhang, Li, Lin 2023), both trained with the loss, summed at inference; emb: dot product "
-                         "of contextualised query and document marker tokens (Yadav et al. 2022, for annCUR)")
+                         "of contextualised query and document marker tokens (Yadav et al. 2022, for annCUR); "
+                         "cls+cos: plus scaled cosine of the mean query and mean document states (learns from "
+                         "MiniLM's mean-pooled init at once, models/ce_cos.py)")
     ce.add_argument("--late-dim", type=int, default=128, help="cls+late: token projection size (0 = no projection)")
     ce.set_defaults(func=cmd_train_ce)
 
