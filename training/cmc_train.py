@@ -326,19 +326,23 @@ def positives(queries: Queries, i: int) -> list[int]:
 
 
 def dev_metrics(trainee: Trainee, dev: list[Queries], k: int, device: torch.device) -> dict[str, float]:
-    """CMC over the bi-encoder top-k, and the bi-encoder's own ranking ("be_" keys), over all dev queries."""
-    cmc, be, qrels = {}, {}, {}
+    """CMC over the bi-encoder top-k, and the bi-encoder's own ranking ("be_" keys), per dev set ("<name>/" keys)
+    and their macro average (unprefixed keys: every dataset weighs the same, whatever its number of queries)."""
+    out: dict[str, float] = {}
     for queries in dev:
         _, rows = top_k_rows(queries.vectors, queries.corpus.vectors, k)  # (Q, k) in bi-encoder order
         order = np.argsort(-rerank_scores(trainee, queries, rows, device), axis=1, kind="stable")
+        cmc, be = {}, {}
         for i, qid in enumerate(queries.ids):
-            key = f"{queries.corpus.name}/{qid}"  # datasets may share query ids
             ids = [queries.corpus.docs[r].id for r in rows[i]]
-            cmc[key], be[key], qrels[key] = [ids[j] for j in order[i]], ids, queries.qrels[qid]
-    out = {}
-    for name, fn in METRICS.items():
-        out[name] = mean_metric(fn, cmc, qrels, 10)
-        out[f"be_{name}"] = mean_metric(fn, be, qrels, 10)
+            cmc[qid], be[qid] = [ids[j] for j in order[i]], ids
+        qrels = {qid: queries.qrels[qid] for qid in queries.ids}
+        for name, fn in METRICS.items():
+            out[f"{queries.corpus.name}/{name}"] = mean_metric(fn, cmc, qrels, 10)
+            out[f"{queries.corpus.name}/be_{name}"] = mean_metric(fn, be, qrels, 10)
+    for name in METRICS:
+        for prefix in ("", "be_"):
+            out[prefix + name] = float(np.mean([out[f"{q.corpus.name}/{prefix}{name}"] for q in dev]))
     return out
 
 
@@ -537,9 +541,10 @@ REGIME_TEXT = {
 
 def model_card(name: str, meta: dict) -> str:
     dev = meta["dev"]
-    names = [k for k in dev if not k.startswith("be_")]
+    names = [k for k in dev if not k.rpartition("/")[2].startswith("be_")]  # "ndcg@10", "scifact/ndcg@10", ...
+    be_key = lambda k: "{0}{1}be_{2}".format(*k.rpartition("/"))  # noqa: E731  "scifact/be_ndcg@10", "be_ndcg@10"
     cells = lambda keys: " | ".join(f"{dev.get(k, float('nan')):.4f}" for k in keys)  # noqa: E731
-    rows = [f"| bi-encoder | {cells(['be_' + k for k in names])} |",
+    rows = [f"| bi-encoder | {cells([be_key(k) for k in names])} |",
             f"| CMC (step {meta['best_step']}) | {cells(names)} |"]
     params = [f"| {k} | {v} |" for k, v in meta["config"].items()]
     return "\n".join([
