@@ -219,8 +219,12 @@ class Searcher:
 
     def check_anncur(self, params: SearchParams) -> None:
         if params.rerank != "none":
-            raise RequestError("CMC reranks bi-encoder candidates; annCUR's come from the cross-encoder itself",
-                               field="rerank", allowed="none with retriever anncur (cross_encoder: true reranks exactly)")
+            raise RequestError(f"rerank {params.rerank!r} reorders bi-encoder candidates by their stored vectors; "
+                               "annCUR's come from the cross-encoder itself", field="rerank",
+                               allowed="none with retriever anncur (cross_encoder: true reranks exactly)")
+        if params.ce_model != "ce":
+            raise RequestError("annCUR reranks with the cross-encoder that built its index", field="ce_model",
+                               allowed="ce with retriever anncur")
         self.require_anncur(self.index)
 
     def require_anncur(self, index) -> AnnCUR:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from service import anncur_cli
 from service.config import Settings
 
 DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--corpus", required=True, type=Path)
     add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
     add.set_defaults(func=cmd_add)
+    anncur_cli.register(index)
     delete = index.add_parser("delete", help="delete documents by id")
     delete.add_argument("--index", required=True, type=Path)
     delete.add_argument("ids", nargs="+")

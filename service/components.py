@@ -11,6 +11,7 @@ from models.cmc_checkpoint import load_cmc, untrained_cmc
 from models.cross_encoder import CrossEncoder, PairLengths
 from models.device import pick_device
 from models.text_encoder import EncoderLengths, TextEncoder
+from pipeline.anncur_stage import AnnCUR
 from pipeline.searcher import Searcher
 from service.config import Settings
 from service.runtime import searcher_options
@@ -26,11 +27,14 @@ class Components:
     def model_names(self) -> dict[str, str | None]:
         s = self.searcher
         return {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
-                "cross_encoder": s.cross_encoder.name if s.cross_encoder else None}
+                "cross_encoder": s.cross_encoder.name if s.cross_encoder else None,
+                "anncur": s.anncur.cross_encoder.name if s.anncur else None}
 
     def close(self) -> None:
         self.searcher.close()
         self.searcher.index.close()
+        if self.searcher.anncur:
+            self.searcher.anncur.index.close()
 
 
 def load_biencoder(settings: Settings, device: torch.device) -> TextEncoder:
@@ -62,5 +66,43 @@ def load_components(settings: Settings) -> Components:
             settings.cross_encoder_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
             device=device, batch_size=settings.ce_batch_size)
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
-    searcher = Searcher(biencoder, index, cmc, cross_encoder, **searcher_options(settings))
+    anncur = load_anncur(settings, device, cross_encoder)
+    searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, **searcher_options(settings))
     return Components(searcher, str(device))
+
+
+def index_corpus_hash(settings: Settings) -> str:
+    from index.layout import current_version_dir
+    from index.manifest import read_manifest
+
+    return read_manifest(current_version_dir(settings.index_dir)).corpus_hash
+
+
+def load_anncur(settings: Settings, device: torch.device, cross_encoder: CrossEncoder | None) -> AnnCUR | None:
+    """The annCUR index and the cross-encoder that built it, run with the pair lengths it was built with (other
+    lengths give other scores than the ones its item embeddings approximate)."""
+    if settings.anncur_dir is None:
+        return None
+    from index.anncur import AnnCURIndex
+
+    path = settings.anncur_cross_encoder_path or settings.cross_encoder_path
+    if path is None:
+        raise ValueError("SIEVE_ANNCUR_DIR is set but no cross-encoder is: set SIEVE_ANNCUR_CROSS_ENCODER_PATH (or "
+                         "SIEVE_CROSS_ENCODER_PATH) to the checkpoint that built the annCUR index")
+    anncur = AnnCURIndex.load(settings.anncur_dir, use_gpu=settings.faiss_gpu and device.type == "cuda",
+                              nprobe=settings.nprobe, ef_search=settings.ef_search)
+    built = anncur.record["cross_encoder"]
+    lengths = PairLengths(built.get("query_max_length") or settings.ce_query_max_length,
+                          built.get("max_length") or settings.ce_max_length)
+    reuse = cross_encoder is not None and path == settings.cross_encoder_path and cross_encoder.lengths == lengths
+    ce = cross_encoder if reuse else CrossEncoder.from_pretrained(path, lengths=lengths, device=device,
+                                                                  batch_size=settings.ce_batch_size)
+    if anncur.corpus_hash != index_corpus_hash(settings):
+        log.warning("the annCUR index at %s covers other documents than %s holds now: retriever anncur answers 400 "
+                    "until it is rebuilt with `sieve index anncur`", settings.anncur_dir, settings.index_dir)
+    if ce.weights_hash != anncur.index.manifest.model_hash:
+        anncur.close()
+        raise ValueError(f"the annCUR index at {settings.anncur_dir} was built by cross-encoder "
+                         f"{built.get('name')!r} (weights sha256 {anncur.index.manifest.model_hash[:12]}...), not by "
+                         f"{path}; point SIEVE_ANNCUR_CROSS_ENCODER_PATH at that one or rebuild with `sieve index anncur`")
+    return AnnCUR(anncur, ce)

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     ce_query_max_length: int = Field(64, ge=8, le=512)
     ce_max_length: int = Field(512, ge=16, le=4096)
     ce_batch_size: int = Field(16, ge=1, le=1024)
+    # annCUR: retrieval with the cross-encoder itself (`retriever: "anncur"`)
+    anncur_dir: Path | None = Field(None, description="annCUR index built by `sieve index anncur` over SIEVE_INDEX_DIR; unset = annCUR off.")
+    anncur_cross_encoder_path: Path | None = Field(None, description="The cross-encoder that built the annCUR index; unset = SIEVE_CROSS_ENCODER_PATH.")
     # request limits
     max_top_k: int = Field(1000, ge=1)
     max_retrieve_k: int = Field(16384, ge=1)
@@ -74,8 +77,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
 
-    @field_validator("model_path", "cmc_path", "cross_encoder_path", "redis_url", "api_keys", "api_keys_file",
-                     "default_timeout_ms", "rate_limit_per_s", mode="before")
+    @field_validator("model_path", "cmc_path", "cross_encoder_path", "anncur_dir", "anncur_cross_encoder_path",
+                     "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
         return None if value == "" else value

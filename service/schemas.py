@@ -48,13 +48,26 @@ class ErrorResponse(Reply):
 class SearchRequest(Strict):
     query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
-    retrieve_k: int = Field(512, ge=1, description="Candidates the bi-encoder retrieves (clamped to the index size).")
-    rerank: Literal["cmc", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, or not.")
-    cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many.")
+    retrieve_k: int = Field(512, ge=1, description="Candidates the retriever returns (clamped to the index size).")
+    rerank: Literal["cmc", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, or not "
+                                          "(default none with retriever anncur, which CMC cannot rerank).")
+    cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
+                       "(with retriever anncur: besides the anchors).")
     cross_encoder: bool = Field(False, description="Rerank the top cmc_k with the cross-encoder (4xx when none is configured).")
     return_documents: bool = Field(False, description="Include each result's title and text.")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: a rerank "
                                    "stage that does not fit is skipped (partial: true); default SIEVE_DEFAULT_TIMEOUT_MS.")
+
+    retriever: Literal["be", "anncur"] = Field("be", description="be: bi-encoder + FAISS; anncur: the cross-encoder "
+                                               "itself, scored against k_i anchor documents, then MIPS over the annCUR "
+                                               "index (SIEVE_ANNCUR_DIR); with cross_encoder true it reranks exactly.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def anncur_reranks_with_no_cmc(cls, data):
+        if isinstance(data, dict) and data.get("retriever") == "anncur" and "rerank" not in data:
+            return {**data, "rerank": "none"}
+        return data
 
     @model_validator(mode="after")
     def top_k_within_retrieve_k(self):
@@ -77,6 +90,7 @@ class SearchTimings(Reply):
     mips: float | None = Field(None, description="FAISS inner-product search, ms.")
     cmc: float | None = Field(None, description="CMC over the retrieved candidates, ms.")
     ce: float | None = Field(None, description="Cross-encoder over the top cmc_k, ms.")
+    anncur: float | None = Field(None, description="annCUR: the cross-encoder over the k_i anchor documents, ms.")
     total: float = Field(..., description="Whole request inside the pipeline, ms.")
 
 
