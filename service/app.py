@@ -66,6 +66,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     encoders = {"primary": searcher.biencoder}
     if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:
         encoders["cmc"] = searcher.cmc.candidate_tower
+    if searcher.index.has_store("mix") and searcher.mix:  # new documents get their MixEncoder context embeddings
+        encoders["mix"] = searcher.mix
 
     def on_swap(index, commit_s):
         metrics.set_index(index)

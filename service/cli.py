@@ -27,12 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--nlist", type=int, help="IVF cells (default ~4*sqrt(N))")
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
     build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
+    build.add_argument("--mix-checkpoint", type=Path, help="also store a MixEncoder's context embeddings (store 'mix')")
     build.set_defaults(func=cmd_build)
     add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
     add.add_argument("--index", required=True, type=Path)
     add.add_argument("--corpus", required=True, type=Path)
     add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
+    add.add_argument("--mix-checkpoint", type=Path, help="needed when the index holds a MixEncoder store")
     add.set_defaults(func=cmd_add)
+    add_store = index.add_parser("add-store", help="add (or replace) a CMC or MixEncoder store covering every document")
+    add_store.add_argument("--index", required=True, type=Path)
+    add_store.add_argument("--cmc-checkpoint", type=Path, help="a separate-mode CMC: its candidate vectors")
+    add_store.add_argument("--mix-checkpoint", type=Path, help="a MixEncoder: its context embeddings")
+    add_store.set_defaults(func=cmd_add_store)
     anncur_cli.register(index)
     delete = index.add_parser("delete", help="delete documents by id")
     delete.add_argument("--index", required=True, type=Path)
@@ -71,7 +78,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def encoders(settings: Settings, cmc_checkpoint: Path | None) -> dict:
+def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None) -> dict:
     from models.cmc_checkpoint import load_cmc
     from models.device import pick_device
     from service.components import load_biencoder
@@ -83,13 +90,18 @@ def encoders(settings: Settings, cmc_checkpoint: Path | None) -> dict:
         if bundle.candidate_tower is None:
             raise SystemExit(f"{cmc_checkpoint} is a shared-mode CMC: it reuses the bi-encoder vectors, no store needed")
         found["cmc"] = bundle.candidate_tower
+    if mix_checkpoint:
+        from models.mix_runtime import STORE, MixLengths, MixRuntime
+
+        found[STORE] = MixRuntime.from_pretrained(mix_checkpoint, device=biencoder.device, batch_size=settings.encode_batch_size,
+                                                  lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
     return found
 
 
 def cmd_build(args, settings: Settings) -> None:
     from index import build_index, read_beir_corpus
 
-    found = encoders(settings, args.cmc_checkpoint)
+    found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
     params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
     extra = {k: v for k, v in found.items() if k != "primary"}
     manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
@@ -101,8 +113,20 @@ def cmd_build(args, settings: Settings) -> None:
 def cmd_add(args, settings: Settings) -> None:
     from index import add_documents, read_beir_corpus
 
-    manifest = add_documents(args.index, read_beir_corpus(args.corpus), encoders(settings, args.cmc_checkpoint))
+    manifest = add_documents(args.index, read_beir_corpus(args.corpus),
+                             encoders(settings, args.cmc_checkpoint, args.mix_checkpoint))
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def cmd_add_store(args, settings: Settings) -> None:
+    from index import add_store
+
+    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint).items() if k != "primary"}
+    if not stores:
+        raise SystemExit("sieve index add-store: give --cmc-checkpoint and/or --mix-checkpoint")
+    for name, encoder in stores.items():
+        manifest = add_store(args.index, name, encoder, cache_dir=settings.cache_dir)
+    print(json.dumps({"index": str(args.index), "stores": sorted(manifest.stores), "version": manifest.version}))
 
 
 def cmd_delete(args, settings: Settings) -> None:

@@ -28,7 +28,8 @@ class Components:
         s = self.searcher
         return {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
                 "cross_encoder": s.cross_encoder.name if s.cross_encoder else None,
-                "anncur": s.anncur.cross_encoder.name if s.anncur else None}
+                "anncur": s.anncur.cross_encoder.name if s.anncur else None,
+                "late_cross_encoder": s.late_ce.name if s.late_ce else None, "mix": s.mix.name if s.mix else None}
 
     def close(self) -> None:
         self.searcher.close()
@@ -65,10 +66,37 @@ def load_components(settings: Settings) -> Components:
         cross_encoder = CrossEncoder.from_pretrained(
             settings.cross_encoder_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
             device=device, batch_size=settings.ce_batch_size)
-    log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
     anncur = load_anncur(settings, device, cross_encoder)
-    searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, **searcher_options(settings))
+    log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
+    late_ce, mix = load_late_ce(settings, device), load_mix(settings, device, index)
+    searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, mix=mix, late_ce=late_ce,
+                        **searcher_options(settings))
     return Components(searcher, str(device))
+
+
+def load_late_ce(settings: Settings, device: torch.device) -> CrossEncoder | None:
+    """The second cross-encoder (ce_model=ce_late), with the same pair lengths as the first."""
+    if settings.late_ce_path is None:
+        return None
+    return CrossEncoder.from_pretrained(settings.late_ce_path, device=device, batch_size=settings.ce_batch_size,
+                                        lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length))
+
+
+def load_mix(settings: Settings, device: torch.device, index) -> "MixRuntime | None":
+    """The MixEncoder, refused unless the index holds the context embeddings this very checkpoint computed."""
+    if settings.mix_path is None:
+        return None
+    from models.mix_runtime import STORE, MixLengths, MixRuntime
+
+    mix = MixRuntime.from_pretrained(settings.mix_path, device=device, batch_size=settings.encode_batch_size,
+                                     lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
+    built = index.manifest.stores.get(STORE)
+    if built is None or built["model_hash"] != mix.weights_hash:
+        found = "has no 'mix' store" if built is None else f"has a 'mix' store from another model ({built['model_name']})"
+        raise ValueError(f"SIEVE_MIX_PATH={settings.mix_path} needs its context embeddings in the index, but the index "
+                         f"at {settings.index_dir} {found}; run `sieve index add-store --index {settings.index_dir} "
+                         f"--mix-checkpoint {settings.mix_path}`")
+    return mix
 
 
 def index_corpus_hash(settings: Settings) -> str:

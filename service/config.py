@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     ce_query_max_length: int = Field(64, ge=8, le=512)
     ce_max_length: int = Field(512, ge=16, le=4096)
     ce_batch_size: int = Field(16, ge=1, le=1024)
+    # more rerankers: a second, late-interaction cross-encoder and the MixEncoder
+    late_ce_path: Path | None = Field(None, description="A second cross-encoder (`sieve train ce --head cls+late`), picked by ce_model=ce_late; unset = off.")
+    mix_path: Path | None = Field(None, description="MixEncoder checkpoint (`sieve train mix`); the index must hold its 'mix' store; unset = off.")
     # annCUR: retrieval with the cross-encoder itself (`retriever: "anncur"`)
     anncur_dir: Path | None = Field(None, description="annCUR index built by `sieve index anncur` over SIEVE_INDEX_DIR; unset = annCUR off.")
     anncur_cross_encoder_path: Path | None = Field(None, description="The cross-encoder that built the annCUR index; unset = SIEVE_CROSS_ENCODER_PATH.")
@@ -77,7 +80,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
 
-    @field_validator("model_path", "cmc_path", "cross_encoder_path", "anncur_dir", "anncur_cross_encoder_path",
+    @field_validator("model_path", "cmc_path", "cross_encoder_path", "late_ce_path", "mix_path", "anncur_dir", "anncur_cross_encoder_path",
                      "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):

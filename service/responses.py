@@ -13,7 +13,7 @@ def score_or_none(value: float) -> float | None:
 
 def final_score(scores: dict, rank: int) -> float:
     """The score of the last stage that scored this candidate (the CE scores only the head of the list)."""
-    for stage in ("ce", "cmc", "retrieve"):
+    for stage in ("ce", "ce_late", "mix", "cmc", "retrieve"):
         if stage in scores and not math.isnan(scores[stage][rank]):
             return float(scores[stage][rank])
     raise AssertionError("every candidate has a retrieve score")

@@ -83,7 +83,7 @@ def search(body: schemas.SearchRequest, components: ComponentsDep, settings: Set
     started = time.perf_counter()
     searcher = components.searcher
     params = SearchParams(body.query, body.top_k, body.retrieve_k, body.rerank, body.cmc_k, body.cross_encoder,
-                          timeout_of(body, settings), retriever=body.retriever)
+                          timeout_of(body, settings), retriever=body.retriever, ce_model=body.ce_model)
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "server": caches.fingerprint}
     if caches.results and (hit := caches.results.get(caches.results.key(key_params, searcher.index.version))):

@@ -30,6 +30,8 @@ class StageScores(Reply):
     retrieve: float | None = Field(None, description="Bi-encoder inner product.")
     cmc: float | None = Field(None, description="CMC score (null when CMC did not score this candidate).")
     ce: float | None = Field(None, description="Cross-encoder logit (null when the CE did not score it).")
+    mix: float | None = Field(None, description="MixEncoder cosine (null when it did not score this candidate).")
+    ce_late: float | None = Field(None, description="Late-interaction cross-encoder score, s_cls + s_late (null when it did not score it).")
 
 
 class ErrorInfo(Reply):
@@ -49,15 +51,17 @@ class SearchRequest(Strict):
     query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
     retrieve_k: int = Field(512, ge=1, description="Candidates the retriever returns (clamped to the index size).")
-    rerank: Literal["cmc", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, or not "
-                                          "(default none with retriever anncur, which CMC cannot rerank).")
+    rerank: Literal["cmc", "mix", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, the "
+                                                 "MixEncoder (SIEVE_MIX_PATH), or not (default none with retriever "
+                                                 "anncur, which CMC cannot rerank).")
     cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
                        "(with retriever anncur: besides the anchors).")
     cross_encoder: bool = Field(False, description="Rerank the top cmc_k with the cross-encoder (4xx when none is configured).")
+    ce_model: Literal["ce", "ce_late"] = Field("ce", description="Which cross-encoder: ce (SIEVE_CROSS_ENCODER_PATH) or "
+                                               "ce_late, the late-interaction one (SIEVE_LATE_CE_PATH).")
     return_documents: bool = Field(False, description="Include each result's title and text.")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: a rerank "
                                    "stage that does not fit is skipped (partial: true); default SIEVE_DEFAULT_TIMEOUT_MS.")
-
     retriever: Literal["be", "anncur"] = Field("be", description="be: bi-encoder + FAISS; anncur: the cross-encoder "
                                                "itself, scored against k_i anchor documents, then MIPS over the annCUR "
                                                "index (SIEVE_ANNCUR_DIR); with cross_encoder true it reranks exactly.")
@@ -90,6 +94,8 @@ class SearchTimings(Reply):
     mips: float | None = Field(None, description="FAISS inner-product search, ms.")
     cmc: float | None = Field(None, description="CMC over the retrieved candidates, ms.")
     ce: float | None = Field(None, description="Cross-encoder over the top cmc_k, ms.")
+    mix: float | None = Field(None, description="MixEncoder: its query encoding and the candidates' interaction, ms.")
+    ce_late: float | None = Field(None, description="Late-interaction cross-encoder over the top cmc_k, ms.")
     anncur: float | None = Field(None, description="annCUR: the cross-encoder over the k_i anchor documents, ms.")
     total: float = Field(..., description="Whole request inside the pipeline, ms.")
 
@@ -122,7 +128,8 @@ class RerankRequest(Strict):
     documents: list[str | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
-    model: Literal["cmc", "ce"] = Field("cmc", description="Reranker: CMC (default) or the cross-encoder.")
+    model: Literal["cmc", "ce", "ce_late", "mix"] = Field("cmc", description="Reranker: CMC (default), the "
+                                                          "cross-encoder, the late-interaction cross-encoder or the MixEncoder.")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: when the "
                                    "reranker does not fit, the fallback order is returned (partial: true).")
 
