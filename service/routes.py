@@ -17,7 +17,7 @@ from service.cache import Caches
 from service.components import Components
 from service.config import Settings
 from service.metrics import Metrics
-from service.protection import Unauthorized
+from service.protection import RateLimited, Unauthorized
 from service.responses import rerank_response, search_response
 
 router = APIRouter()
@@ -52,7 +52,7 @@ def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials 
         raise
     try:
         state.limiter.check(caller or (request.client.host if request.client else "anonymous"))
-    except Exception:
+    except RateLimited:
         state.metrics.rejected.labels(reason="rate_limited").inc()
         raise
 

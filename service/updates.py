@@ -19,7 +19,7 @@ from pathlib import Path
 
 from starlette.exceptions import HTTPException
 
-from index import Document, UnknownDocumentError, apply_changes
+from index import Document, IndexMismatchError, UnknownDocumentError, apply_changes
 from index.layout import read_current, version_name
 
 log = logging.getLogger("sieve.updates")
@@ -106,7 +106,10 @@ class IndexUpdater:
         upserts, deletes, done = self.net_effect(writes)
         if upserts or deletes:
             started = time.perf_counter()
-            apply_changes(self.index_dir, list(upserts.values()), sorted(deletes), self.encoders)
+            try:
+                apply_changes(self.index_dir, list(upserts.values()), sorted(deletes), self.encoders)
+            except (ValueError, IndexMismatchError) as exc:  # e.g. the index holds a store this server cannot encode
+                raise Conflict(f"the index cannot take this write: {exc}") from exc
             self.swap(time.perf_counter() - started)
         elif any(w.reload for w in group):
             self.swap(None)

@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 300):
+    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path

@@ -320,3 +320,104 @@ def test_demo_corpus_is_the_one_the_cli_ships(pyproject):
     assert cli_corpus.resolve() == DEMO_CORPUS.resolve()
     package_data = pyproject["tool"]["setuptools"]["package-data"]["service"]
     assert any(fnmatch.fnmatch(DEMO_CORPUS.name, pattern) for pattern in package_data)
+
+
+# ---------------------------------------------------------------- (h) Grafana, alerts, Redis in compose
+
+GRAFANA = ROOT / "deploy" / "grafana"
+K8S = ROOT / "deploy" / "k8s"
+
+
+def test_compose_sieve_uses_the_redis_service(compose):
+    sieve = compose["services"][APP_SERVICE]
+    url = compose_value(sieve["environment"]["SIEVE_REDIS_URL"])
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    assert host in compose["services"] and int(port) == 6379
+    assert sieve["depends_on"][host]["condition"] == "service_healthy"
+
+
+def test_prometheus_rule_files_are_mounted_where_the_config_reads_them(compose):
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in compose["services"]["prometheus"]["volumes"]}
+    for rule_file in config["rule_files"]:
+        assert rule_file in mounts, f"{rule_file} is not mounted into the prometheus container"
+        assert (ROOT / mounts[rule_file]).is_file()
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {"SieveSearchLatencySLO", "SieveErrorRate", "SieveRedisDown"} <= names
+
+
+def test_grafana_is_provisioned_with_the_dashboard_and_the_prometheus_datasource(compose):
+    grafana = compose["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    provisioning = ROOT / mounts["/etc/grafana/provisioning"]
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    host, port = datasource["url"].split("//")[1].split(":")
+    assert host in compose["services"] and int(port) == 9090
+    provider = yaml.safe_load((provisioning / "dashboards" / "sieve.yml").read_text())["providers"][0]
+    dashboards = ROOT / mounts[provider["options"]["path"]]
+    dashboard = json.loads((dashboards / "sieve.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert uids == {datasource["uid"]}
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("p50", "p95", "p99", "requests per second", "status code", "cache hit", "batch size", "candidates",
+                  "partial"):
+        assert topic in titles, f"the dashboard has no panel about {topic}"
+
+
+# ---------------------------------------------------------------- (i) Kubernetes manifests
+
+def k8s_documents() -> dict[str, dict]:
+    docs = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs[doc["kind"]] = doc
+    return docs
+
+
+def test_k8s_manifests_validate_against_the_kubernetes_schemas():
+    """kubernetes-validate ships the official OpenAPI-derived JSON schemas; strict = unknown fields are errors."""
+    kv = pytest.importorskip("kubernetes_validate")
+    docs = k8s_documents()
+    assert set(docs) == {"ConfigMap", "Deployment", "Service", "PersistentVolumeClaim", "HorizontalPodAutoscaler"}
+    for kind, doc in docs.items():
+        kv.validate(doc, kv.latest_version(), strict=True)  # raises ValidationError naming the bad field
+
+
+def test_k8s_schema_check_catches_a_broken_manifest():
+    kv = pytest.importorskip("kubernetes_validate")
+    broken = k8s_documents()["Deployment"]
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pth"] = "/readyz"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, kv.latest_version(), strict=True)
+
+
+def test_k8s_objects_reference_each_other_the_routes_and_the_settings(docker, app_port, monkeypatch):
+    from service.cli import build_parser
+
+    docs = k8s_documents()
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert docs["Deployment"]["spec"]["selector"]["matchLabels"].items() <= \
+        docs["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[docs["Service"]["spec"]["ports"][0]["targetPort"]] == app_port
+    routes = declared_routes()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] in routes and ports[get["port"]] == app_port, probe
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    assert container["envFrom"][0]["configMapRef"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    assert build_parser().parse_args(container["command"][1:]).command == "serve"
+    config = docs["ConfigMap"]["data"]
+    unknown = [k for k in config if k.removeprefix("SIEVE_").lower() not in Settings.model_fields]
+    assert not unknown, f"ConfigMap keys that are not settings: {unknown}"
+    for name, value in config.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.port == app_port and settings.host == "0.0.0.0"
+    assert str(settings.index_dir).startswith(container["volumeMounts"][0]["mountPath"])

@@ -48,3 +48,70 @@ def ce_server(demo_index, ce_checkpoint, tmp_path_factory):
 def client(server):
     with server.client() as c:
         yield c
+
+
+# -- real Redis (the machine's, on 6379: a key prefix of our own, never FLUSHALL) --------------------------------
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_or_skip():
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis at {REDIS_URL} is not answering in CI: {exc}")
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def redis_prefix():
+    """A prefix of this session's own; its keys are deleted at the end."""
+    import uuid
+
+    client = redis_or_skip()
+    prefix = f"sieve-test-{uuid.uuid4().hex[:8]}:"
+    yield prefix
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture()
+def index_copy(demo_index, tmp_path):
+    """A private copy of the demo index for tests that write to it."""
+    import shutil
+
+    target = tmp_path / "index"
+    shutil.copytree(demo_index, target)
+    return target
+
+
+API_KEYS = ["key-alpha-0123456789", "key-beta-0123456789", "key-gamma-0123456789", "key-delta-0123456789"]
+
+
+@pytest.fixture(scope="session")
+def guarded_server(demo_index, tmp_path_factory, redis_prefix):
+    """API keys, a Redis-backed cache and rate limit (5/s, burst 5 per key), a 64 KiB body limit, a writable index."""
+    import shutil
+
+    index = tmp_path_factory.mktemp("guarded") / "index"
+    shutil.copytree(demo_index, index)
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys_file.write_text("\n".join(API_KEYS[2:]) + "\n")
+    srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_REDIS_URL": REDIS_URL, "SIEVE_REDIS_PREFIX": redis_prefix,
+                  "SIEVE_API_KEYS": ",".join(API_KEYS[:2]), "SIEVE_API_KEYS_FILE": str(keys_file),
+                  "SIEVE_RATE_LIMIT_PER_S": "5", "SIEVE_RATE_LIMIT_BURST": "5", "SIEVE_MAX_BODY_BYTES": "65536",
+                  "SIEVE_LOG_LEVEL": "debug"},
+                 tmp_path_factory.mktemp("logs") / "guarded-server.log")
+    yield srv
+    srv.stop()
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}

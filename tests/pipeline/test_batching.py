@@ -1,0 +1,122 @@
+"""Micro-batching gives the answers of one-by-one computation, and the batcher's own contract holds."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from models.cmc import randomize_gates
+from models.cmc_checkpoint import untrained_cmc
+from pipeline.batching import Batcher, BatchConfig
+from pipeline.packing import chunks_under_budget
+from pipeline.searcher import SearchParams, Searcher
+from pipeline.stages import CMCRerank, CrossEncoderRerank
+from tests.fakes import tiny_cross_encoder
+
+QUERIES = ["volcano lava eruption", "how to bake bread", "jazz improvisation", "telescopes and galaxies",
+           "roman legions", "database transactions", "protein folding", "bicycle gears"]
+
+
+def test_chunks_respect_the_budget_and_cover_everything():
+    lengths = [5, 300, 40, 40, 41, 7, 512, 1]
+    chunks = chunks_under_budget(lengths, budget=600)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for chunk in chunks:
+        assert len(chunk) == 1 or len(chunk) * max(lengths[i] for i in chunk) <= 600
+
+
+def test_batcher_groups_concurrent_items_and_keeps_their_order():
+    sizes = []
+    gate = threading.Event()
+
+    def compute(items):
+        gate.wait(5)  # hold the first batch so the rest queue up behind it
+        return [x * 10 for x in items]
+
+    batcher = Batcher("t", compute, max_size=8, max_wait_ms=5, on_batch=lambda name, n: sizes.append(n))
+    futures = [batcher.submit(i) for i in range(20)]
+    gate.set()
+    assert [f.result(5) for f in futures] == [i * 10 for i in range(20)]
+    assert max(sizes) > 1 and sum(sizes) == 20 and all(n <= 8 for n in sizes)
+    batcher.close()
+
+
+def test_batcher_drops_cancelled_items_and_reports_errors_to_every_waiter():
+    seen = []
+    gate = threading.Event()
+
+    def compute(items):
+        gate.wait(5)
+        seen.extend(items)
+        if "bad" in items:
+            raise ValueError("boom")
+        return items
+
+    batcher = Batcher("t", compute, max_size=1, max_wait_ms=0)
+    first = batcher.submit("first")
+    time.sleep(0.1)
+    cancelled = batcher.submit("never")
+    assert cancelled.cancel()
+    bad = batcher.submit("bad")
+    gate.set()
+    assert first.result(5) == "first"
+    with pytest.raises(ValueError, match="boom"):
+        bad.result(5)
+    assert "never" not in seen
+    batcher.close()
+
+
+def test_cmc_padded_batch_equals_one_query_at_a_time(biencoder):
+    bundle = untrained_cmc(biencoder, share_query_tower=True)
+    randomize_gates(bundle.model)
+    stage = CMCRerank(bundle, index=None, batch_candidates=10_000)
+    rng = np.random.default_rng(0)
+    items = [(torch.from_numpy(rng.standard_normal(384).astype(np.float32)),
+              rng.standard_normal((k, 384)).astype(np.float32), None) for k in (3, 50, 17, 64)]
+    batched = stage.compute(items)
+    for item, got in zip(items, batched):
+        alone = stage.compute([item])[0]
+        assert got.shape == (len(item[1]),)
+        np.testing.assert_allclose(got, alone, rtol=1e-4, atol=1e-4)
+
+
+def test_cross_encoder_pairs_of_many_queries_under_a_token_budget_equal_score(biencoder):
+    ce = tiny_cross_encoder(biencoder.tokenizer)
+    stage = CrossEncoderRerank(ce, index=None, k=100, batch_tokens=64)  # small budget: many forward passes
+    items = [("bread baking", ["Knead the dough.", "Rome had many legions and roads.", "Yeast makes it rise."], None),
+             ("stars", ["A telescope collects light from galaxies far away.", "Flour"], None)]
+    for (query, texts, _), got in zip(items, stage.compute(items)):
+        np.testing.assert_allclose(got, ce.score(query, texts).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_expired_items_are_not_computed(biencoder):
+    stage = CrossEncoderRerank(tiny_cross_encoder(biencoder.tokenizer), index=None, k=10)
+    fresh, stale = stage.compute([("q", ["a doc"], time.monotonic() + 60), ("q", ["a doc"], time.monotonic() - 1)])
+    assert fresh is not None and stale is None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_concurrent_search_equals_sequential(biencoder, demo, enabled):
+    bundle = untrained_cmc(biencoder, share_query_tower=True)
+    randomize_gates(bundle.model)  # a CMC that reorders, so equality is not trivial
+    params = [SearchParams(q, top_k=10, retrieve_k=60, cmc_k=10) for q in QUERIES]
+    reference = Searcher(biencoder, demo, bundle, batching=BatchConfig(enabled=False))
+    expected = [reference.search(p) for p in params]
+    reference.close()
+    batch_sizes = []
+    searcher = Searcher(biencoder, demo, bundle, batching=BatchConfig(enabled=enabled, max_wait_ms=20))
+    searcher.runners.on_batch = lambda name, n: batch_sizes.append((name, n))
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(searcher.search, params * 2))
+    searcher.close()
+    for want, have in zip(expected * 2, got):
+        assert have.candidates.rows.tolist() == want.candidates.rows.tolist()
+        np.testing.assert_allclose(have.candidates.scores["cmc"], want.candidates.scores["cmc"], atol=1e-4)
+    if enabled:
+        assert max(n for _, n in batch_sizes) > 1, batch_sizes  # 8 threads at once: some batch holds several
+    else:
+        assert {n for _, n in batch_sizes} == {1}

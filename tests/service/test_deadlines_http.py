@@ -1,0 +1,66 @@
+"""Deadlines: a stage that cannot finish in time is skipped and the previous stage's order is returned, marked
+partial, instead of an error (/search and /rerank)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.server import Server
+
+TEXTS = ["The Roman legions built roads across the empire.", "A telescope collects light from distant galaxies.",
+         "Knead the dough and let it rise before baking bread.", "Yeast ferments sugar in bread dough."]
+
+
+@pytest.fixture(scope="module")
+def budget_server(demo_index, ce_checkpoint, tmp_path_factory):
+    """A cross-encoder that is given 1 ms: it can never finish, CMC always can."""
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_CROSS_ENCODER_PATH": str(ce_checkpoint),
+                  "SIEVE_STAGE_BUDGETS_MS": json.dumps({"ce": 1}), "SIEVE_CACHE_ENABLED": "false"},
+                 tmp_path_factory.mktemp("logs") / "budget-server.log")
+    yield srv
+    srv.stop()
+
+
+def test_cross_encoder_out_of_time_returns_the_cmc_ranking(budget_server):
+    with budget_server.client() as client:
+        body = {"query": "telescopes and galaxies", "top_k": 8, "cmc_k": 8}
+        full = client.post("/search", json={**body, "cross_encoder": True}).json()
+        cmc_only = client.post("/search", json=body).json()
+        assert full["partial"] and full["skipped"] == ["ce"] and full["stages"] == ["retrieve", "cmc"]
+        assert [r["id"] for r in full["results"]] == [r["id"] for r in cmc_only["results"]]
+        assert all(r["scores"]["ce"] is None for r in full["results"])
+        assert not cmc_only["partial"] and cmc_only["skipped"] == []
+        metrics = client.get("/metrics").text
+        assert 'sieve_partial_responses_total{endpoint="/search",skipped="ce"} 1.0' in metrics
+
+
+def test_rerank_with_the_cross_encoder_out_of_time_keeps_the_callers_order(budget_server):
+    with budget_server.client() as client:
+        out = client.post("/rerank", json={"query": "bread", "documents": TEXTS, "model": "ce"}).json()
+        assert out["partial"] and out["skipped"] == ["ce"]
+        assert [r["index"] for r in out["results"]] == [0, 1, 2, 3]
+        assert all(r["relevance_score"] is None for r in out["results"])
+
+
+def test_search_past_its_timeout_falls_back_to_the_biencoder_order(client):
+    body = {"query": "jazz improvisation and swing", "top_k": 6}
+    late = client.post("/search", json={**body, "timeout_ms": 1}).json()  # gone before CMC can start
+    plain = client.post("/search", json={**body, "rerank": "none"}).json()
+    assert late["partial"] and "cmc" in late["skipped"] and late["stages"] == ["retrieve"]
+    assert [r["id"] for r in late["results"]] == [r["id"] for r in plain["results"]]
+    assert all(r["scores"]["cmc"] is None for r in late["results"])
+    assert not late["cached"] and not client.post("/search", json={**body, "timeout_ms": 1}).json()["cached"]
+
+
+def test_rerank_cmc_past_its_timeout_falls_back_to_inner_product_order(client):
+    out = client.post("/rerank", json={"query": "baking bread", "documents": TEXTS, "timeout_ms": 1}).json()
+    assert out["partial"] and out["skipped"] == ["cmc"]
+    scores = [r["relevance_score"] for r in out["results"]]
+    assert scores == sorted(scores, reverse=True) and {r["index"] for r in out["results"][:2]} == {2, 3}
+
+
+def test_generous_timeout_changes_nothing(client):
+    body = {"query": "protein folding", "top_k": 5, "rerank": "cmc"}
+    relaxed = client.post("/search", json={**body, "timeout_ms": 120_000, "retrieve_k": 50, "cmc_k": 10}).json()
+    assert not relaxed["partial"] and relaxed["stages"] == ["retrieve", "cmc"]

@@ -1,0 +1,113 @@
+"""The real Prometheus (Debian package `prometheus`, run by hand on a free port with a temporary config and store)
+scrapes a running Sieve; every Grafana panel expression and every alert signal must evaluate and return data, and
+the alert rules must load."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.server import REPO, free_port
+from tests.service.conftest import API_KEYS, auth
+
+DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "sieve.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+COMPARISON = re.compile(r"\s*(>=|<=|==|!=|>|<)\s*[-+]?[\d.]+(e[-+]?\d+)?\s*$")
+
+
+def prometheus_binary() -> str:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("the prometheus binary is missing in CI (.ci/run installs the Debian package)")
+        pytest.skip("prometheus is not installed (apt-get install -y prometheus); .ci/run installs it in CI")
+    return binary
+
+
+@pytest.fixture()
+def prometheus(guarded_server, tmp_path):
+    binary = prometheus_binary()
+    port = free_port()
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(ALERTS)],
+              "scrape_configs": [{"job_name": "sieve", "metrics_path": "/metrics",
+                                  "static_configs": [{"targets": [guarded_server.url.split("//")[1]]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "prometheus.log", "w")
+    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(f"prometheus did not start:\n{(tmp_path / 'prometheus.log').read_text()[-3000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def traffic(server) -> None:
+    """Every kind of request the panels show: searches (cache miss and hit), a partial answer, /rerank, a write,
+    client errors and an unauthorised call."""
+    key = auth(API_KEYS[3])
+    requests = [("post", "/search", {"query": "observability of volcanoes", "top_k": 3}),
+                ("post", "/search", {"query": "observability of volcanoes", "top_k": 3}),
+                ("post", "/search", {"query": "late answer", "timeout_ms": 1}),
+                ("post", "/rerank", {"query": "bread", "documents": ["Knead dough.", "Rome."]}),
+                ("post", "/search", {"query": ""}),
+                ("post", "/documents", {"documents": [{"id": f"obs-{time.time_ns()}", "text": "Metrics text."}]})]
+    with server.client() as client:
+        for method, path, body in requests:
+            getattr(client, method)(path, json=body, headers=key)
+            time.sleep(0.25)  # within the 5/s rate limit of this server
+        client.post("/search", json={"query": "no key"})
+
+
+def query(prom: str, expr: str) -> list:
+    body = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert body["status"] == "success", f"{expr}: {body}"
+    return body["data"]["result"]
+
+
+def dashboard_expressions() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [t["expr"].replace("$__rate_interval", "1m") for p in panels for t in p["targets"]]
+
+
+def alert_rules() -> list[dict]:
+    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+
+
+def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus):
+    traffic(guarded_server)
+    time.sleep(3)  # scrapes on both sides of the traffic, so rate() has two samples
+    traffic(guarded_server)
+    time.sleep(4)
+    targets = httpx.get(f"{prometheus}/api/v1/targets").json()["data"]["activeTargets"]
+    assert [t["health"] for t in targets] == ["up"], targets
+    empty = [expr for expr in dashboard_expressions() if not query(prometheus, expr)]
+    assert not empty, f"dashboard panels without data: {empty}"
+    for rule in alert_rules():
+        query(prometheus, rule["expr"])  # the whole rule evaluates
+        signal = COMPARISON.sub("", rule["expr"])
+        assert signal != rule["expr"], f"{rule['alert']}: expected '<signal> <comparison> <threshold>'"
+        assert query(prometheus, signal), f"{rule['alert']}: {signal} returns no data"
+    groups = httpx.get(f"{prometheus}/api/v1/rules").json()["data"]["groups"]
+    loaded = {r["name"]: r["health"] for g in groups for r in g["rules"]}
+    assert set(loaded) == {r["alert"] for r in alert_rules()} and set(loaded.values()) == {"ok"}, loaded

@@ -1,0 +1,86 @@
+"""60 s of loopback load at 16 clients while our own Redis (not the machine's) is killed halfway: not one request
+fails; the server counts the Redis errors and goes on uncached."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server import Server, free_port
+
+DURATION_S, CLIENTS = 60, 16
+QUERIES = ["how do volcanoes erupt", "baking bread", "jazz improvisation", "galaxies and telescopes", "roman roads",
+           "database transactions", "protein folding", "bicycle gears"]
+
+
+@pytest.fixture()
+def own_redis(tmp_path):
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if __import__("os").environ.get("CI"):
+            pytest.fail("redis-server is missing in CI")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+            break
+        time.sleep(0.1)
+    yield proc, port
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_no_request_fails_when_redis_dies_under_load(own_redis, demo_index, tmp_path):
+    redis_proc, port = own_redis
+    server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+                     "SIEVE_REDIS_TIMEOUT_MS": "50", "SIEVE_REDIS_RETRY_S": "2"}, tmp_path / "server.log")
+    results, lock = {"ok_before": 0, "ok_after": 0, "failed": []}, threading.Lock()
+    killed = threading.Event()
+    end = time.monotonic() + DURATION_S
+
+    def client(worker: int):
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            i = worker
+            while time.monotonic() < end:
+                query = QUERIES[i % len(QUERIES)] + ("" if i % 3 else f" {i}")  # repeats (cache hits) and fresh ones
+                phase = "ok_after" if killed.is_set() else "ok_before"
+                try:
+                    r = c.post("/search", json={"query": query, "top_k": 5})
+                    failure = None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    failure = repr(exc)
+                with lock:
+                    if failure:
+                        results["failed"].append(failure)
+                    else:
+                        results[phase] += 1
+                i += CLIENTS
+
+    try:
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        time.sleep(DURATION_S / 2)
+        redis_proc.kill()  # Redis stopped halfway
+        redis_proc.wait()
+        killed.set()
+        for t in threads:
+            t.join()
+        metrics = httpx.get(f"{server.url}/metrics").text
+    finally:
+        server.stop()
+    assert not results["failed"], f"{len(results['failed'])} failed requests, e.g. {results['failed'][:3]}"
+    assert results["ok_before"] > 0 and results["ok_after"] > 0, results
+    errors = sum(float(v) for v in re.findall(r'^sieve_cache_errors_total\{op="\w+"\} (\S+)$', metrics, re.M))
+    assert errors > 0 and "sieve_redis_up 0.0" in metrics
+    hits = re.search(r'^sieve_cache_requests_total\{cache="result",outcome="hit"\} (\S+)$', metrics, re.M)
+    assert hits and float(hits.group(1)) > 0, "the cache served hits while Redis was up"

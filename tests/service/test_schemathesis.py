@@ -1,0 +1,81 @@
+"""Schemathesis against the OpenAPI schema, over real HTTP (uvicorn in a thread) with tiny random models in the
+real runtimes: no 5xx, and every response matches the documented status codes, content types and schemas."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import uvicorn
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,  # noqa: E402
+                                 response_schema_conformance, status_code_conformance)
+
+from index import SearchIndex, build_index, read_beir_corpus  # noqa: E402
+from models.cmc_checkpoint import untrained_cmc  # noqa: E402
+from pipeline.searcher import Searcher  # noqa: E402
+from service.app import create_app  # noqa: E402
+from service.components import Components  # noqa: E402
+from service.config import Settings  # noqa: E402
+from service.runtime import searcher_options  # noqa: E402
+from tests.conftest import DEMO_CORPUS  # noqa: E402
+from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder  # noqa: E402
+from tests.server import free_port  # noqa: E402
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          response_headers_conformance]
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    tokenizer = packaged_tokenizer()
+    biencoder, cross_encoder = tiny_biencoder(tokenizer), tiny_cross_encoder(tokenizer)
+    index_dir = tmp_path_factory.mktemp("fake-index")
+    build_index(read_beir_corpus(DEMO_CORPUS), biencoder, index_dir, progress=False)
+    app_settings = Settings(index_dir=index_dir, model_name="tiny-bert", rerank_max_documents=50,
+                            documents_max_batch=20, max_retrieve_k=100, max_top_k=100, write_batch_wait_ms=0)
+
+    def loader(s: Settings) -> Components:
+        index = SearchIndex.load(index_dir)
+        cmc = untrained_cmc(biencoder, share_query_tower=True)
+        return Components(Searcher(biencoder, index, cmc, cross_encoder, **searcher_options(s)), "cpu")
+
+    server = uvicorn.Server(uvicorn.Config(create_app(app_settings, loader=loader), host="127.0.0.1",
+                                           port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "the in-process server did not start"
+    yield f"http://127.0.0.1:{server.config.port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+OPERATION_EXAMPLES = 30  # per operation and mode: ~400 requests in all
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_api_conforms_to_its_schema(fake_server, mode):
+    """Every operation of /openapi.json with generated valid bodies (positive) and invalid ones (negative).
+    Hypothesis is driven by hand here: schemathesis.pytest.from_fixture does not run on this pytest."""
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(f"{fake_server}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {f"{op.method.upper()} {op.path}" for op in operations} >= {
+        "POST /search", "POST /rerank", "POST /documents", "DELETE /documents/{doc_id}", "GET /documents/{doc_id}",
+        "POST /admin/index/reload", "GET /healthz", "GET /readyz", "GET /metrics"}
+    for operation in operations:
+        if mode == "negative" and not (len(operation.body) or len(operation.path_parameters) or len(operation.query)):
+            continue  # nothing to make invalid
+        @given(case=operation.as_strategy(generation_mode=GenerationMode(mode)))
+        @settings(max_examples=OPERATION_EXAMPLES, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case):
+            case.call_and_validate(checks=CHECKS)
+
+        check()
