@@ -34,6 +34,12 @@ DEMO_QUERIES = ["how do volcanoes erupt", "baking bread with yeast", "jazz impro
 TARGET = "with batching, QPS at 16 clients >= 1.5x the QPS without it, zero errors"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -77,7 +83,8 @@ async def client_loop(client, queries: list[str], offset: int, body: dict, until
         i += 1
 
 
-async def run_cell(url: str, queries: list[str], clients: int, body: dict, warmup_s: float, duration_s: float) -> dict:
+async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: dict, warmup_s: float,
+                   duration_s: float) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
@@ -87,15 +94,20 @@ async def run_cell(url: str, queries: list[str], clients: int, body: dict, warmu
                                for c in range(clients)))
         out = {"latencies": [], "errors": []}
         load_start = os.getloadavg()[0]
+        cpu_start = cpu_seconds(pid)
         started = time.monotonic()
         await asyncio.gather(*(client_loop(client, queries, c * 7 + 1000, body, started + duration_s, out)
                                for c in range(clients)))
         elapsed = time.monotonic() - started
+        cpu = cpu_seconds(pid) - cpu_start
     lat = out["latencies"]
     return {"clients": clients, "qps": round(len(lat) / elapsed, 2), "p50_ms": round(percentile(lat, 50), 1),
             "p95_ms": round(percentile(lat, 95), 1), "p99_ms": round(percentile(lat, 99), 1),
             "errors": len(out["errors"]), "requests": len(lat), "duration_s": round(elapsed, 1),
-            "load_avg_1m_start": round(load_start, 2), "load_avg_1m_end": round(os.getloadavg()[0], 2)}
+            "load_avg_1m_start": round(load_start, 2), "load_avg_1m_end": round(os.getloadavg()[0], 2),
+            # CPU the server spent per answered request: what batching saves, whatever else the machine runs
+            "server_cpu_ms_per_request": round(cpu * 1000 / max(len(lat), 1), 1),
+            "server_cpu_cores_used": round(cpu / elapsed, 2)}
 
 
 def run_mode(index_dir: Path, queries: list[str], batching: bool, args, log_dir: Path) -> list[dict]:
@@ -108,10 +120,11 @@ def run_mode(index_dir: Path, queries: list[str], batching: bool, args, log_dir:
     rows = []
     try:
         for clients in args.clients:
-            row = asyncio.run(run_cell(server.url, queries, clients, body, args.warmup, args.duration))
+            row = asyncio.run(run_cell(server.url, server.proc.pid, queries, clients, body, args.warmup, args.duration))
             rows.append({"batching": batching, **row})
             print(f"batching={batching} clients={clients}: {row['qps']} QPS, p50 {row['p50_ms']} ms, "
-                  f"p99 {row['p99_ms']} ms, errors {row['errors']}", file=sys.stderr)
+                  f"p99 {row['p99_ms']} ms, errors {row['errors']}, server CPU {row['server_cpu_ms_per_request']} "
+                  f"ms/request", file=sys.stderr)
     finally:
         server.stop()
     return rows
@@ -128,17 +141,23 @@ def machine() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| clients | batching | QPS | p50 ms | p95 ms | p99 ms | errors | load 1m |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| clients | batching | QPS | p50 ms | p95 ms | p99 ms | errors | server CPU ms/request | load 1m |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['clients']} | {'on' if r['batching'] else 'off'} | {r['qps']} | {r['p50_ms']} | {r['p95_ms']} | "
-              f"{r['p99_ms']} | {r['errors']} | {r['load_avg_1m_start']} |" for r in rows]
+              f"{r['p99_ms']} | {r['errors']} | {r['server_cpu_ms_per_request']} | {r['load_avg_1m_start']} |"
+              for r in rows]
     return "\n".join(lines)
 
 
-def speedups(rows: list[dict]) -> dict[str, float]:
-    by = {(r["clients"], r["batching"]): r["qps"] for r in rows}
-    return {str(c): round(by[(c, True)] / by[(c, False)], 2) for c in sorted({r["clients"] for r in rows})
-            if by.get((c, False))}
+def speedups(rows: list[dict], key: str = "qps", invert: bool = False) -> dict[str, float]:
+    """Batching on / off per client count (off / on with invert: for costs, where less is better)."""
+    by = {(r["clients"], r["batching"]): r[key] for r in rows}
+    ratio = {}
+    for c in sorted({r["clients"] for r in rows}):
+        on, off = by.get((c, True)), by.get((c, False))
+        if on and off:
+            ratio[str(c)] = round(off / on if invert else on / off, 2)
+    return ratio
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -167,7 +186,8 @@ def main(argv=None) -> None:
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     result = {"machine": info, "target": TARGET, "corpus": args.corpus, "queries": len(queries),
               "request": {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": "cmc"},
-              "duration_s": args.duration, "warmup_s": args.warmup, "speedup_qps": speedups(rows), "rows": rows,
+              "duration_s": args.duration, "warmup_s": args.warmup, "speedup_qps": speedups(rows),
+              "cpu_saving": speedups(rows, "server_cpu_ms_per_request", invert=True), "rows": rows,
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join(["python", "benchmarks/load.py", *(sys.argv[1:] if argv is None else argv)]),
               "quick": args.quick}
@@ -175,6 +195,7 @@ def main(argv=None) -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(rows))
     print(f"\nQPS with batching / without, by clients: {result['speedup_qps']}  (target: {TARGET})")
+    print(f"server CPU per request without batching / with, by clients: {result['cpu_saving']}")
 
 
 if __name__ == "__main__":
