@@ -25,10 +25,9 @@ class InProcessBackend:
 
     @property
     def stages(self) -> set[str]:
-        """Optional stages that are loaded ("cmc", "ce")."""
-        loaded = {"cmc": self.searcher.cmc, "ce": self.searcher.cross_encoder, "anncur": self.searcher.anncur,
-                  "mix": self.searcher.mix, "ce_late": self.searcher.late_ce}
-        return {stage for stage, model in loaded.items() if model is not None}
+        """Optional stages that are loaded ("cmc", "ce", ...); a searcher without an attribute lacks that stage."""
+        attrs = {"cmc": "cmc", "ce": "cross_encoder", "anncur": "anncur", "mix": "mix", "ce_late": "late_ce"}
+        return {stage for stage, attr in attrs.items() if getattr(self.searcher, attr, None) is not None}
 
     def search(self, params: SearchParams) -> QueryResult:
         outcome = self.searcher.search(params)
