@@ -40,8 +40,8 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
 
     biencoder = load_biencoder(settings, pick_device(settings.device))
     extra = {}
-    if settings.cmc_enabled and settings.cmc_path:
-        tower = load_cmc(settings.cmc_path, biencoder).candidate_tower  # separate mode: its own document vectors
+    if settings.cmc_enabled and (cmc_path := settings.resolved_cmc_path()) is not None:
+        tower = load_cmc(cmc_path, biencoder).candidate_tower  # separate mode: its own document vectors
         if tower is not None:
             extra["cmc"] = tower
     key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values())])[:12]

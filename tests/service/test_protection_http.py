@@ -73,19 +73,22 @@ def test_inflight_bound_answers_429_fast_instead_of_queueing(demo_index, tmp_pat
                     tmp_path / "server.log")
     try:
         slow = {"query": "long work", "documents": [f"text number {i} " * 60 for i in range(80)]}
-        holder = threading.Thread(target=lambda: httpx.post(f"{server.url}/rerank", json=slow, timeout=300))
+        held = {}
+        holder = threading.Thread(target=lambda: held.update(
+            status=httpx.post(f"{server.url}/rerank", json=slow, timeout=600).status_code))
         holder.start()
-        deadline, response, still_working = time.monotonic() + 300, None, False
-        while time.monotonic() < deadline and holder.is_alive():
-            response = httpx.post(f"{server.url}/search", json={"query": "x"}, timeout=300)
-            if response.status_code == 429:
-                still_working = holder.is_alive()  # answered while the work in progress went on: not queued behind it
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and holder.is_alive():  # /metrics is outside the bound: it shows the count
+            if "sieve_inflight_requests 1.0" in httpx.get(f"{server.url}/metrics", timeout=60).text:
                 break
             time.sleep(0.05)
+        response = httpx.post(f"{server.url}/search", json={"query": "x"}, timeout=300)
+        still_working = holder.is_alive()  # answered while the work in progress went on: not queued behind it
         holder.join()
-        assert response is not None and response.status_code == 429, "the slow request never overlapped"
+        assert held.get("status") == 200, "the slow request itself should have been served"
+        assert still_working, "the slow request ended before the probe: the machine was too fast for this test's setup"
+        assert response.status_code == 429, response.text
         assert response.json()["error"]["code"] == "overloaded" and response.headers["retry-after"] == "1"
-        assert still_working, "the 429 came only after the request in progress had finished"
         assert httpx.post(f"{server.url}/search", json={"query": "x"}, timeout=60).status_code == 200
     finally:
         server.stop()
