@@ -36,6 +36,7 @@ COPY pipeline ./pipeline
 COPY service ./service
 COPY evaluation ./evaluation
 COPY training ./training
+COPY checkpoints ./checkpoints
 RUN pip install --no-deps . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 sieve \

@@ -52,7 +52,8 @@ class HttpBackend:
         import httpx
 
         self.url = url.rstrip("/")
-        self.client = httpx.Client(base_url=self.url, timeout=timeout_s)
+        # no-cache: the server computes every answer (no cached result or query vector), so latencies are the models'
+        self.client = httpx.Client(base_url=self.url, timeout=timeout_s, headers={"Cache-Control": "no-cache"})
         ready = self.client.get("/readyz")
         if ready.status_code != 200:
             raise RuntimeError(f"{self.url}/readyz answered {ready.status_code}; is the server up and its index loaded?")

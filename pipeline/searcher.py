@@ -47,6 +47,7 @@ class SearchParams:
     timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
     retriever: str = "be"  # "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
     ce_model: str = "ce"  # with cross_encoder: "ce" or "ce_late" (pipeline/rerankers.py)
+    use_cache: bool = True  # False: compute the query vectors afresh (the service's Cache-Control: no-cache)
 
 
 @dataclass
@@ -133,7 +134,8 @@ class Searcher:
         pending = []
         for names in names_of.values():
             tower = towers[names[0]]
-            vector = self.embedding_cache.get(tower, state.query) if self.embedding_cache else None
+            cached = self.embedding_cache if state.use_cache else None
+            vector = cached.get(tower, state.query) if cached else None
             future = None if vector is not None else self.query_runner(tower).submit(state.query)
             pending.append((names, tower, vector, future))
         for names, tower, vector, future in pending:
@@ -178,6 +180,7 @@ class Searcher:
         started = time.perf_counter()
         self.check_params(params)
         state = self.new_state(params.query, params.timeout_ms)
+        state.use_cache = params.use_cache
         index = state.index
         retrieve_k = params.retrieve_k
         if retrieve_k > index.size:

@@ -22,6 +22,7 @@ class QueryState:
     skipped: list[str] = field(default_factory=list)  # stages skipped for lack of time (previous order kept)
     ran: list[str] = field(default_factory=list)  # stages that ranked the candidates, in order
     index: object | None = None  # the index version this request reads from start to end
+    use_cache: bool = True  # False: the caller asked for fresh work (Cache-Control: no-cache), no cached vectors
 
     @property
     def partial(self) -> bool:

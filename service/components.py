@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from index import SearchIndex
-from models.cmc_checkpoint import load_cmc, untrained_cmc
+from models.cmc_checkpoint import CMCBundle, load_cmc, untrained_cmc
 from models.cross_encoder import CrossEncoder, PairLengths
 from models.device import pick_device
 from models.text_encoder import EncoderLengths, TextEncoder
@@ -52,19 +52,11 @@ def load_components(settings: Settings) -> Components:
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
                              nprobe=settings.nprobe, ef_search=settings.ef_search)
-    cmc = None
-    if settings.cmc_enabled:
-        # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
-        cmc = load_cmc(settings.cmc_path, biencoder) if settings.cmc_path else \
-            untrained_cmc(biencoder, share_query_tower=True)
-        if cmc.config.mode == "separate" and not index.has_store("cmc"):
-            raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "
-                             f"{settings.index_dir} has no 'cmc' embedding store; build it with "
-                             "`sieve index build ... --cmc-checkpoint` or `sieve index add-store`")
+    cmc = load_cmc_stage(settings, biencoder, index) if settings.cmc_enabled else None
     cross_encoder = None
-    if settings.cross_encoder_path:
+    if (ce_path := settings.resolved_cross_encoder_path()) is not None:
         cross_encoder = CrossEncoder.from_pretrained(
-            settings.cross_encoder_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
+            ce_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
             device=device, batch_size=settings.ce_batch_size)
     anncur = load_anncur(settings, device, cross_encoder)
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
@@ -106,6 +98,28 @@ def index_corpus_hash(settings: Settings) -> str:
     return read_manifest(current_version_dir(settings.index_dir)).corpus_hash
 
 
+def load_cmc_stage(settings: Settings, biencoder: TextEncoder, index) -> CMCBundle:
+    """The configured CMC checkpoint, else the shipped default, else (or with SIEVE_CMC_PATH=untrained) the identity
+    CMC. The shipped default was trained on the packaged bi-encoder's vectors: with another bi-encoder it does not
+    apply, and the untrained CMC is served instead (said in the log); an explicitly configured one must fit."""
+    path = settings.resolved_cmc_path()
+    if path is None:
+        # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
+        return untrained_cmc(biencoder, share_query_tower=True)
+    try:
+        cmc = load_cmc(path, biencoder)
+    except ValueError as exc:
+        if settings.cmc_path is not None:
+            raise
+        log.warning("the shipped CMC does not fit the configured bi-encoder (%s); serving the untrained CMC", exc)
+        return untrained_cmc(biencoder, share_query_tower=True)
+    if cmc.config.mode == "separate" and not index.has_store("cmc"):
+        raise ValueError(f"CMC checkpoint {path} is in separate mode but the index at {settings.index_dir} has no "
+                         "'cmc' embedding store; build it with `sieve index build ... --cmc-checkpoint` or "
+                         "`sieve index add-store`")
+    return cmc
+
+
 def load_anncur(settings: Settings, device: torch.device, cross_encoder: CrossEncoder | None) -> AnnCUR | None:
     """The annCUR index and the cross-encoder that built it, run with the pair lengths it was built with (other
     lengths give other scores than the ones its item embeddings approximate)."""
@@ -113,7 +127,7 @@ def load_anncur(settings: Settings, device: torch.device, cross_encoder: CrossEn
         return None
     from index.anncur import AnnCURIndex
 
-    path = settings.anncur_cross_encoder_path or settings.cross_encoder_path
+    path = settings.anncur_cross_encoder_path or settings.resolved_cross_encoder_path()
     if path is None:
         raise ValueError("SIEVE_ANNCUR_DIR is set but no cross-encoder is: set SIEVE_ANNCUR_CROSS_ENCODER_PATH (or "
                          "SIEVE_CROSS_ENCODER_PATH) to the checkpoint that built the annCUR index")
@@ -122,7 +136,7 @@ def load_anncur(settings: Settings, device: torch.device, cross_encoder: CrossEn
     built = anncur.record["cross_encoder"]
     lengths = PairLengths(built.get("query_max_length") or settings.ce_query_max_length,
                           built.get("max_length") or settings.ce_max_length)
-    reuse = cross_encoder is not None and path == settings.cross_encoder_path and cross_encoder.lengths == lengths
+    reuse = cross_encoder is not None and path == settings.resolved_cross_encoder_path() and cross_encoder.lengths == lengths
     ce = cross_encoder if reuse else CrossEncoder.from_pretrained(path, lengths=lengths, device=device,
                                                                   batch_size=settings.ce_batch_size)
     if anncur.corpus_hash != index_corpus_hash(settings):

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+UNTRAINED = "untrained"  # SIEVE_CMC_PATH value: the identity CMC instead of a checkpoint
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIEVE_", extra="ignore")
@@ -25,9 +27,10 @@ class Settings(BaseSettings):
     encode_batch_size: int = Field(32, ge=1, le=1024)
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
-    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = untrained CMC (ranks as the bi-encoder).")
+    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped in checkpoints/cmc; 'untrained' = identity CMC (ranks as the bi-encoder).")
     # cross-encoder
-    cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = CE stage off.")
+    cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage.")
+    cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = the trained default shipped in checkpoints/cross-encoder (CE stage off when none is shipped).")
     ce_query_max_length: int = Field(64, ge=8, le=512)
     ce_max_length: int = Field(512, ge=16, le=4096)
     ce_batch_size: int = Field(16, ge=1, le=1024)
@@ -90,6 +93,22 @@ class Settings(BaseSettings):
         from models.weights import default_model_path
 
         return self.model_path or default_model_path()
+
+    def resolved_cmc_path(self) -> Path | None:
+        """The CMC checkpoint to load: the configured one, else the shipped default; None = the untrained CMC."""
+        import checkpoints
+
+        if self.cmc_path is not None:
+            return None if str(self.cmc_path) == UNTRAINED else self.cmc_path
+        return checkpoints.shipped(checkpoints.CMC)
+
+    def resolved_cross_encoder_path(self) -> Path | None:
+        """The cross-encoder to load: the configured one, else the shipped default; None = no CE stage."""
+        import checkpoints
+
+        if not self.cross_encoder_enabled:
+            return None
+        return self.cross_encoder_path or checkpoints.shipped(checkpoints.CROSS_ENCODER)
 
     def keys(self) -> set[str]:
         """Every accepted API key (settings and file); empty = no authentication."""

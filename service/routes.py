@@ -75,18 +75,25 @@ def timeout_of(body, settings: Settings) -> int | None:
 
 
 @router.post("/search", response_model=schemas.SearchResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
-def search(body: schemas.SearchRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep,
-           caches: CachesDep):
-    """Retrieve with the bi-encoder, optionally rerank with CMC and the cross-encoder, return the top_k."""
+def search(body: schemas.SearchRequest, request: Request, components: ComponentsDep, settings: SettingsDep,
+           metrics: MetricsDep, caches: CachesDep):
+    """Retrieve with the bi-encoder, optionally rerank with CMC and the cross-encoder, return the top_k.
+    `Cache-Control: no-cache` asks for fresh work: no cached result or query vector is used (the answer is still
+    stored), so a benchmark or `sieve eval --server` measures the models, not the cache."""
     check_limit(body.top_k, settings.max_top_k, "top_k", "SIEVE_MAX_TOP_K")
     check_limit(body.retrieve_k, settings.max_retrieve_k, "retrieve_k", "SIEVE_MAX_RETRIEVE_K")
     started = time.perf_counter()
     searcher = components.searcher
+    fresh = "no-cache" in request.headers.get("cache-control", "").lower()
     params = SearchParams(body.query, body.top_k, body.retrieve_k, body.rerank, body.cmc_k, body.cross_encoder,
-                          timeout_of(body, settings), retriever=body.retriever, ce_model=body.ce_model)
+                          timeout_of(body, settings), retriever=body.retriever, ce_model=body.ce_model,
+                          use_cache=not fresh)
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "server": caches.fingerprint}
-    if caches.results and (hit := caches.results.get(caches.results.key(key_params, searcher.index.version))):
+    hit = None
+    if caches.results and not fresh:
+        hit = caches.results.get(caches.results.key(key_params, searcher.index.version))
+    if hit:
         timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
         return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
     outcome = searcher.search(params)

@@ -13,18 +13,30 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+def named(env: dict[str, str], key: str) -> bool:
+    """Whether the test chose this model itself (SIEVE_CROSS_ENCODER_ENABLED is implied by a CE path)."""
+    return key in env or (key == "SIEVE_CROSS_ENCODER_ENABLED" and "SIEVE_CROSS_ENCODER_PATH" in env)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+# What a test server runs unless its test names a model: the identity CMC (ranks as the bi-encoder, so tests can
+# pin rankings) and no cross-encoder (each one would cost seconds per request on a CPU). The shipped trained
+# defaults (checkpoints/) are served by the tests that ask for them with shipped_models=True.
+MINIMAL_MODELS = {"SIEVE_CMC_PATH": "untrained", "SIEVE_CROSS_ENCODER_ENABLED": "false"}
+
+
 class Server:
-    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900):
+    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900, shipped_models: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        full_env = {**os.environ, "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": str(self.port), **env}
+        minimal = {} if shipped_models else {k: v for k, v in MINIMAL_MODELS.items() if not named(env, k)}
+        full_env = {**os.environ, "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": str(self.port), **minimal, **env}
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], cwd=REPO, env=full_env,
                                      stdout=self.log, stderr=subprocess.STDOUT)

@@ -41,6 +41,6 @@ def test_biencoder_ndcg_on_scifact_test(scifact_server):
     ndcg = mean_metric(ndcg_at_k, be, qrels, 10)
     print(f"SciFact test nDCG@10, bi-encoder through HTTP: {ndcg:.4f} (published 0.645)")
     assert ndcg >= 0.62
-    # the untrained CMC (the default stage) must not change what the bi-encoder found
+    # the untrained CMC (what test servers run unless a test names a model) must not change what the bi-encoder found
     cmc = run_queries(server, dict(list(queries.items())[:50]), rerank="cmc")
     assert all(cmc[q] == be[q] for q in cmc)

@@ -28,6 +28,20 @@ def test_second_identical_search_is_a_cache_hit_with_the_same_answer(client):
         counter(before, "sieve_cache_requests_total", cache="result", outcome="hit") + 1
 
 
+def test_no_cache_header_computes_afresh_with_every_stage_timed(client):
+    body = {"query": "tides and the moon", "top_k": 4}
+    first = client.post("/search", json=body).json()
+    before = client.get("/metrics").text
+    fresh = client.post("/search", json=body, headers={"Cache-Control": "no-cache"}).json()
+    after = client.get("/metrics").text
+    assert not fresh["cached"] and fresh["results"] == first["results"]
+    assert fresh["timings_ms"]["be_encode"] is not None and fresh["timings_ms"]["mips"] is not None
+    for cache in ("result", "embedding"):  # neither cache was even asked
+        assert counter(after, "sieve_cache_requests_total", cache=cache, outcome="hit") == \
+            counter(before, "sieve_cache_requests_total", cache=cache, outcome="hit")
+    assert client.post("/search", json=body).json()["cached"]  # without the header the stored answer serves again
+
+
 def test_timeout_does_not_split_the_cache_but_other_parameters_do(client):
     base = {"query": "sourdough starter feeding", "top_k": 3}
     client.post("/search", json=base)

@@ -1,0 +1,30 @@
+"""A server started with no model settings serves the shipped trained defaults (checkpoints/)."""
+from __future__ import annotations
+
+import pytest
+
+import checkpoints
+from tests.server import Server
+
+
+@pytest.fixture(scope="module")
+def shipped_server(demo_index, tmp_path_factory):
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index)}, tmp_path_factory.mktemp("logs") / "shipped.log",
+                 shipped_models=True)
+    yield srv
+    srv.stop()
+
+
+def test_default_server_loads_the_shipped_cmc(shipped_server):
+    with shipped_server.client() as client:
+        models = client.get("/readyz").json()["models"]
+        assert models["cmc"] == "cmc-mix-listwise"
+        hits = client.post("/search", json={"query": "how do volcanoes erupt", "top_k": 10, "cross_encoder": False})
+    assert hits.status_code == 200, hits.text
+    body = hits.json()
+    assert body["stages"][:2] == ["retrieve", "cmc"]
+    results = body["results"]
+    assert results[0]["id"].startswith("volcano-")
+    # trained layers: CMC's scores are not the bi-encoder's cosines (the untrained CMC would return them unchanged)
+    assert max(abs(r["scores"]["cmc"] - r["scores"]["retrieve"]) for r in results) > 0.1
+    assert checkpoints.shipped(checkpoints.CMC)
