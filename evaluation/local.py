@@ -44,6 +44,12 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
         tower = load_cmc(cmc_path, biencoder).candidate_tower  # separate mode: its own document vectors
         if tower is not None:
             extra["cmc"] = tower
+    if settings.mix_path:  # the MixEncoder's context embeddings (pipelines be+mix, be+mix+ce)
+        from models.mix_runtime import STORE, MixLengths, MixRuntime
+
+        extra[STORE] = MixRuntime.from_pretrained(settings.mix_path, device=biencoder.device,
+                                                  batch_size=settings.encode_batch_size,
+                                                  lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
     key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values())])[:12]
     index_dir = Path(settings.cache_dir) / "eval-indexes" / f"{name}-{key}"
     return ensure_index(corpus_path, biencoder, index_dir, settings.cache_dir, extra)
