@@ -116,7 +116,7 @@ def run_mode(index_dir: Path, queries: list[str], batching: bool, args, log_dir:
     env = {"SIEVE_INDEX_DIR": str(index_dir), "SIEVE_BATCHING": str(batching).lower(), "SIEVE_CACHE_ENABLED": "false",
            "SIEVE_MAX_INFLIGHT": str(max(args.clients) * 2), "SIEVE_LOG_LEVEL": "warning"}
     server = Server(env, log_dir / f"server-batching-{batching}.log")
-    body = {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": "cmc"}
+    body = {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank}
     rows = []
     try:
         for clients in args.clients:
@@ -167,6 +167,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each cell")
     parser.add_argument("--retrieve-k", type=int, default=512, help="candidates CMC reranks per query")
+    parser.add_argument("--rerank", choices=["cmc", "none"], default="cmc",
+                        help="none: bi-encoder + MIPS only, where per-request overhead weighs most")
     parser.add_argument("--quick", action="store_true", help="demo index, 1/4/16 clients, 4 s cells")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load.json")
     args = parser.parse_args(argv)
@@ -185,7 +187,7 @@ def main(argv=None) -> None:
         rows = [row for batching in (False, True) for row in run_mode(index_dir, queries, batching, args, Path(tmp))]
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     result = {"machine": info, "target": TARGET, "corpus": args.corpus, "queries": len(queries),
-              "request": {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": "cmc"},
+              "request": {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank},
               "duration_s": args.duration, "warmup_s": args.warmup, "speedup_qps": speedups(rows),
               "cpu_saving": speedups(rows, "server_cpu_ms_per_request", invert=True), "rows": rows,
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
