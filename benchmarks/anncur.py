@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import anncur_eval  # noqa: E402
 from index import read_beir_corpus, read_qrels, read_queries  # noqa: E402
 from index.score_matrix import score_matrix  # noqa: E402
+from models.ce_heads import read_head  # noqa: E402
 
 
 def int_list(text: str) -> list[int]:
@@ -132,7 +133,7 @@ def evaluate_ce(label: str, path: str, args, name: str, world: dict, be: np.ndar
     ce = load_ce(path, args)
     m_test, t_test = score_matrix(ce, world["test_texts"], world["doc_texts"], work_dir(args, name, ce, "test"))
     r_anc, t_anc = score_matrix(ce, world["anchor_texts"], world["doc_texts"], work_dir(args, name, ce, "anchor"))
-    head = getattr(ce.scorer, "spec", {}).get("head", "cls")
+    head = read_head(path)["head"]  # the checkpoint's own sieve_head.json: cls, cls+cos, emb, ...
     k_is = [k for k in args.k_i if k <= min(len(world["anchor_texts"]), len(world["docs"]))]
     qrels = world["qrels"]
     rows = [anncur_eval.exhaustive_row(m_test, world["doc_ids"], qrels),
