@@ -9,7 +9,7 @@ from pathlib import Path
 
 from evaluation.summary import RECALL_KS
 
-STAGES = ("be_encode", "cmc_encode", "anncur", "mips", "cmc", "ce", "total")
+STAGES = ("be_encode", "cmc_encode", "anncur", "mips", "cmc", "mix", "ce", "ce_late", "total")
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
