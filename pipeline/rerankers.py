@@ -97,12 +97,3 @@ class LateCrossEncoderRerank(CrossEncoderRerank):
     def __init__(self, cross_encoder: CrossEncoder, index, k: int, batch_tokens: int = 8192):
         super().__init__(cross_encoder, index, k, batch_tokens)
         self.batch_key = f"ce_late:{id(cross_encoder)}"
-
-    def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
-        state.candidates = state.candidates.rerank_head(self.name, scores)
-        state.candidates.validate()
-        return state
-
-    def __call__(self, state: QueryState) -> QueryState:
-        with state.timed(self.name):
-            return self.finish(state, self.compute([self.prepare(state)])[0])

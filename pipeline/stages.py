@@ -158,10 +158,10 @@ class CrossEncoderRerank:
         return out
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
-        state.candidates = state.candidates.rerank_head("ce", scores)
+        state.candidates = state.candidates.rerank_head(self.name, scores)  # "ce", or a subclass's own name
         state.candidates.validate()
         return state
 
     def __call__(self, state: QueryState) -> QueryState:
-        with state.timed("ce"):
+        with state.timed(self.name):
             return self.finish(state, self.compute([self.prepare(state)])[0])
