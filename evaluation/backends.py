@@ -6,7 +6,7 @@ Both answer one SearchParams with the ranked ids, the pipeline's own per-stage t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pipeline.searcher import SearchParams
 
@@ -42,7 +42,8 @@ class InProcessBackend:
         return {"mode": "in-process", "index_dir": str(s.index.index_dir), "index_size": s.index.size,
                 "index_version": s.index.version,
                 "models": {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
-                           "cross_encoder": s.cross_encoder.name if s.cross_encoder else None}}
+                           "cross_encoder": s.cross_encoder.name if s.cross_encoder else None},
+                "ce_lengths": asdict(s.cross_encoder.lengths) if s.cross_encoder else None}
 
 
 class HttpBackend:

@@ -7,7 +7,8 @@ tokenizer files). A variant adds `sieve_head.json` = {"head": name, ...its own f
 Every head is a pure module holding the classifier as `.classifier`, with PairScorer's call,
 forward(input_ids, attention_mask, token_type_ids=None) -> (B,) scores, so CrossEncoder.score, the trainer's group
 logits and LCE work unchanged for all of them. A head may add `parts(...)` (scores its losses train separately) and
-`save_head(dir)` (its extra files).
+`save_head(dir)` (its extra files), `pair_inputs(tokenizer, query_ids, doc_ids, max_length)` (its own pair layout
+instead of `[CLS] q [SEP] d [SEP]`) and `head_parameters()` (trained with the trainer's head learning rate).
 
 HEADS: name -> Head(new, load). new(classifier, tokenizer, options) builds a fresh head around a loaded classifier
 (training; it may add tokens to the tokenizer); load(path, spec, tokenizer) rebuilds a saved one. Both import their
@@ -83,11 +84,24 @@ def load_cos(path: Path, spec: dict, tokenizer) -> nn.Module:
     return load(path, spec, tokenizer)
 
 
+def new_gated(classifier: nn.Module, tokenizer, options: dict) -> nn.Module:
+    from models.ce_gated import new_gated as build
+
+    return build(classifier, tokenizer, options)
+
+
+def load_gated(path: Path, spec: dict, tokenizer) -> nn.Module:
+    from models.ce_gated import load_gated as load
+
+    return load(path, spec, tokenizer)
+
+
 HEADS: dict[str, Head] = {
     "cls": Head(new_cls, load_cls),
     "emb": Head(new_emb, load_emb),
     "cls+late": Head(new_late, load_late),
     "cls+cos": Head(new_cos, load_cos),
+    "gated": Head(new_gated, load_gated),
 }
 
 
@@ -115,6 +129,23 @@ def load_head(path: str | Path, tokenizer) -> nn.Module:
 def new_head(name: str, classifier: nn.Module, tokenizer, options: dict | None = None) -> nn.Module:
     check_head_name(name, "the training config")
     return HEADS[name].new(classifier, tokenizer, options or {})
+
+
+def trained_lengths(path: str | Path) -> "PairLengths":
+    """The pair lengths recorded in the checkpoint's sieve_head.json by `sieve train ce` (its training lengths),
+    else PairLengths' defaults (64 / 512)."""
+    from models.cross_encoder import PairLengths
+
+    spec, default = read_head(path), PairLengths()
+    return PairLengths(int(spec.get("query_max_length", default.query_max_length)),
+                       int(spec.get("max_length", default.max_length)))
+
+
+def record_lengths(path: str | Path, lengths) -> None:
+    """Adds the pair lengths to the checkpoint's sieve_head.json (written as {"head": "cls"} where there is none)."""
+    spec = read_head(path)
+    spec.update(query_max_length=lengths.query_max_length, max_length=lengths.max_length)
+    (Path(path) / HEAD_FILE).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
 
 def head_hash(path: str | Path, weights_hash: str) -> str:

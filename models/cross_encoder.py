@@ -66,9 +66,12 @@ class CrossEncoder:
         tok = self.tokenizer
         q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
         d_ids = tok(list(documents), add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
-        pairs = [tok.prepare_for_model(q, d, truncation="only_second", max_length=self.lengths.max_length)
-                 for q, d in zip(q_ids, d_ids)]
-        batch = tok.pad(pairs, padding=True, return_tensors="pt")
+        if hasattr(self.scorer, "pair_inputs"):  # a head with its own pair layout (gated)
+            batch = self.scorer.pair_inputs(tok, q_ids, d_ids, self.lengths.max_length)
+        else:
+            pairs = [tok.prepare_for_model(q, d, truncation="only_second", max_length=self.lengths.max_length)
+                     for q, d in zip(q_ids, d_ids)]
+            batch = tok.pad(pairs, padding=True, return_tensors="pt")
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     def score(self, query: str, documents: Sequence[str]) -> torch.Tensor:

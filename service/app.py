@@ -52,7 +52,9 @@ def fingerprint(components: Components, settings: Settings) -> str:
     models = [getattr(m, "weights_hash", None) or getattr(m, "name", None)
               for m in (s.biencoder, s.cmc and s.cmc.query_tower, s.cross_encoder)]
     cmc = [s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
-    return digest(json.dumps([models, cmc, settings.query_max_length, settings.query_overflow, settings.ce_max_length]))
+    return digest(json.dumps([models, cmc, settings.query_max_length, settings.query_overflow,
+                               [s.cross_encoder.lengths.query_max_length, s.cross_encoder.lengths.max_length]
+                               if s.cross_encoder else None]))
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:

@@ -56,7 +56,7 @@ def load_components(settings: Settings) -> Components:
     cross_encoder = None
     if (ce_path := settings.resolved_cross_encoder_path()) is not None:
         cross_encoder = CrossEncoder.from_pretrained(
-            ce_path, lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length),
+            ce_path, lengths=settings.ce_lengths(ce_path),
             device=device, batch_size=settings.ce_batch_size)
     anncur = load_anncur(settings, device, cross_encoder)
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
@@ -67,11 +67,11 @@ def load_components(settings: Settings) -> Components:
 
 
 def load_late_ce(settings: Settings, device: torch.device) -> CrossEncoder | None:
-    """The second cross-encoder (ce_model=ce_late), with the same pair lengths as the first."""
+    """The second cross-encoder (ce_model=ce_late), with the pair lengths of the settings or its training."""
     if settings.late_ce_path is None:
         return None
     return CrossEncoder.from_pretrained(settings.late_ce_path, device=device, batch_size=settings.ce_batch_size,
-                                        lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length))
+                                        lengths=settings.ce_lengths(settings.late_ce_path))
 
 
 def load_mix(settings: Settings, device: torch.device, index) -> "MixRuntime | None":
@@ -134,8 +134,9 @@ def load_anncur(settings: Settings, device: torch.device, cross_encoder: CrossEn
     anncur = AnnCURIndex.load(settings.anncur_dir, use_gpu=settings.faiss_gpu and device.type == "cuda",
                               nprobe=settings.nprobe, ef_search=settings.ef_search)
     built = anncur.record["cross_encoder"]
-    lengths = PairLengths(built.get("query_max_length") or settings.ce_query_max_length,
-                          built.get("max_length") or settings.ce_max_length)
+    default = settings.ce_lengths(path)
+    lengths = PairLengths(built.get("query_max_length") or default.query_max_length,
+                          built.get("max_length") or default.max_length)
     reuse = cross_encoder is not None and path == settings.resolved_cross_encoder_path() and cross_encoder.lengths == lengths
     ce = cross_encoder if reuse else CrossEncoder.from_pretrained(path, lengths=lengths, device=device,
                                                                   batch_size=settings.ce_batch_size)

@@ -31,8 +31,8 @@ class Settings(BaseSettings):
     # cross-encoder
     cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage.")
     cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = the trained default shipped in checkpoints/cross-encoder (CE stage off when none is shipped).")
-    ce_query_max_length: int = Field(64, ge=8, le=512)
-    ce_max_length: int = Field(512, ge=16, le=4096)
+    ce_query_max_length: int | None = Field(None, ge=8, le=512, description="Query tokens of a pair; unset = what the checkpoint was trained with (its sieve_head.json), else 64.")
+    ce_max_length: int | None = Field(None, ge=16, le=4096, description="Pair tokens; unset = what the checkpoint was trained with (its sieve_head.json), else 512.")
     ce_batch_size: int = Field(16, ge=1, le=1024)
     # more rerankers: a second, late-interaction cross-encoder and the MixEncoder
     late_ce_path: Path | None = Field(None, description="A second cross-encoder (`sieve train ce --head cls+late`), picked by ce_model=ce_late; unset = off.")
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
 
-    @field_validator("model_path", "cmc_path", "cross_encoder_path", "late_ce_path", "mix_path", "anncur_dir", "anncur_cross_encoder_path",
+    @field_validator("model_path", "cmc_path", "cross_encoder_path", "late_ce_path", "mix_path", "ce_query_max_length", "ce_max_length", "anncur_dir", "anncur_cross_encoder_path",
                      "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
@@ -109,6 +109,16 @@ class Settings(BaseSettings):
         if not self.cross_encoder_enabled:
             return None
         return self.cross_encoder_path or checkpoints.shipped(checkpoints.CROSS_ENCODER)
+
+    def ce_lengths(self, path: Path) -> "PairLengths":
+        """Pair lengths for the cross-encoder at `path`: the settings where set, else the lengths it was trained
+        with (sieve_head.json, written by `sieve train ce`), else 64 / 512."""
+        from models.ce_heads import trained_lengths
+        from models.cross_encoder import PairLengths
+
+        trained = trained_lengths(path)
+        return PairLengths(self.ce_query_max_length or trained.query_max_length,
+                           self.ce_max_length or trained.max_length)
 
     def keys(self) -> set[str]:
         """Every accepted API key (settings and file); empty = no authentication."""

@@ -29,12 +29,15 @@ def register(commands) -> None:
     ce.add_argument("--seed", type=int, default=0)
     ce.add_argument("--resume", action="store_true", help="continue from OUT/state")
     ce.add_argument("--init", type=Path, help="start from this sequence-classification checkpoint")
-    ce.add_argument("--head", choices=["cls", "cls+late", "emb", "cls+cos"], default="cls",
+    ce.add_argument("--head", choices=["cls", "cls+late", "emb", "cls+cos", "gated"], default="cls",
                     help="cls: one logit on [CLS]; cls+late: plus late interaction over the last-layer tokens "
                          "(Zhang, Li, Lin 2023), both trained with the loss, summed at inference; emb: dot product "
                          "of contextualised query and document marker tokens (Yadav et al. 2022, for annCUR); "
                          "cls+cos: plus scaled cosine of the mean query and mean document states (learns from "
-                         "MiniLM's mean-pooled init at once, models/ce_cos.py)")
+                         "MiniLM's mean-pooled init at once, models/ce_cos.py); gated: starts as the bi-encoder and learns "
+                         "gated attention across query and document (models/ce_gated.py)")
+    ce.add_argument("--head-lr", type=float, default=1e-3,
+                    help="learning rate of a head's own new parameters (gated: the cross-attention gates and scale)")
     ce.add_argument("--late-dim", type=int, default=128, help="cls+late: token projection size (0 = no projection)")
     ce.set_defaults(func=cmd_train_ce)
 
@@ -52,8 +55,8 @@ def config_from_args(args: argparse.Namespace):
         neg_pool=args.neg_pool, batch_groups=args.batch_groups, grad_accum=args.grad_accum, lr=args.lr,
         epochs=args.epochs, max_steps=args.max_steps, time_budget_min=args.time_budget_min,
         max_length=args.max_length, dev_queries=args.dev_queries, k_dev=args.k_dev, eval_every=args.eval_every,
-        log_every=args.log_every,         seed=args.seed, resume=args.resume, init=args.init, command=command_line(args),
-        head=args.head, late_dim=args.late_dim or None)
+        log_every=args.log_every, seed=args.seed, resume=args.resume, init=args.init, command=command_line(args),
+        head=args.head, late_dim=args.late_dim or None, head_lr=args.head_lr)
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from evaluation.metrics import mean_metric, ndcg_at_k
-from models.ce_heads import load_classifier, new_head
+from models.ce_heads import load_classifier, load_head, new_head, read_head, record_lengths
 from models.cross_encoder import CrossEncoder, PairLengths
 from models.weights import default_model_path, offline
 from training.checkpointing import TrainLog, seed_all, warmup_linear_schedule
@@ -47,7 +47,7 @@ class CETrainConfig:
     time_budget_min: float | None = None  # this invocation's wall time; training stops and saves when spent
     # Pairs cut to 256 tokens while training: a step's cost grows with length (attention quadratically) and the
     # shared 2-core CPU trains only ~2 pairs/s at 256; 256 holds the query and most of a SciFact/NFCorpus abstract.
-    # Serving keeps its own default of 512 (Settings.ce_max_length).
+    # Recorded in the checkpoint's sieve_head.json: serving uses it unless SIEVE_CE_MAX_LENGTH says otherwise.
     max_length: int = 256
     query_max_length: int = 64
     dev_queries: int = 100  # per dataset, a seeded sample
@@ -58,8 +58,9 @@ class CETrainConfig:
     resume: bool = False
     init: Path | None = None  # a sequence-classification checkpoint; None = packaged MiniLM + a fresh head
     command: str = ""  # recorded in the model card
-    head: str = "cls"  # "cls" | "cls+late" (models/late_interaction.py) | "emb" (models/emb_cross_encoder.py)
+    head: str = "cls"  # models/ce_heads.py HEADS: "cls", "cls+late", "emb", "cls+cos", "gated"
     late_dim: int | None = 128  # cls+late: token projection size; None = unprojected hidden vectors
+    head_lr: float = 1e-3  # a head's own new parameters (models/ce_heads.py head_parameters(); gated: its gates)
 
 
 @dataclass
@@ -158,11 +159,15 @@ def load_dataset(data_dir: Path, encoder, cfg: CETrainConfig, cache_dir: Path | 
 
 
 def init_cross_encoder(cfg: CETrainConfig, device: torch.device) -> CrossEncoder:
-    """From --init, else the packaged MiniLM with a new one-logit head (seeded by the caller's seed_all)."""
+    """From --init, else the packaged MiniLM with a new head (seeded by the caller's seed_all). An --init checkpoint
+    that holds the same head continues with that head's trained weights (gates, scale, projection) too."""
     offline()
     path = str(cfg.init or default_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    scorer = new_head(cfg.head, load_classifier(path), tokenizer, head_options(cfg))
+    if cfg.init is not None and read_head(cfg.init)["head"] == cfg.head:
+        scorer = load_head(cfg.init, tokenizer)
+    else:
+        scorer = new_head(cfg.head, load_classifier(path), tokenizer, head_options(cfg))
     return CrossEncoder(scorer, tokenizer, name=Path(cfg.out_dir).name, weights_hash="unsaved",
                         lengths=PairLengths(cfg.query_max_length, cfg.max_length), device=device)
 
@@ -212,12 +217,16 @@ def dev_ndcg(ce: CrossEncoder | None, datasets: list[Dataset]) -> dict[str, floa
 
 def make_optimizer(model: torch.nn.Module, cfg: CETrainConfig, total_steps: int):
     """AdamW without decay on biases and LayerNorm; linear warm-up over warmup_fraction, then linear decay to 0."""
+    own = list(model.head_parameters()) if hasattr(model, "head_parameters") else []
     decay, plain = [], []
     for p in model.parameters():
-        (plain if p.dim() < 2 else decay).append(p)
+        if not any(p is q for q in own):
+            (plain if p.dim() < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    if own:  # a head's new parameters (gated: gates, scale) start far from where they end; lr moves them in time
+        groups.append({"params": own, "weight_decay": 0.0, "lr": cfg.head_lr})
     # fused: one kernel over all tensors, ~3x faster than the per-tensor default on CPU (0.2 s vs 0.7 s a step)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": plain, "weight_decay": 0.0}], lr=cfg.lr, fused=True)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
     return optimizer, warmup_linear_schedule(optimizer, total_steps, cfg.warmup_fraction)
 
 
@@ -260,6 +269,7 @@ def save_fp16(ce: CrossEncoder, out_dir: Path) -> None:
     ce.tokenizer.save_pretrained(tmp)
     if hasattr(ce.scorer, "save_head"):  # a variant's sieve_head.json and head.safetensors (models/ce_heads.py)
         ce.scorer.save_head(tmp)
+    record_lengths(tmp, ce.lengths)
     for file in tmp.iterdir():
         os.replace(file, out_dir / file.name)
     tmp.rmdir()

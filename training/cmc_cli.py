@@ -100,12 +100,12 @@ def cmd_cmc(args: argparse.Namespace, settings) -> None:
 
 
 def cmd_distill(args: argparse.Namespace, settings) -> None:
-    from models.cross_encoder import CrossEncoder, PairLengths
+    from models.cross_encoder import CrossEncoder
     from training.cmc_train import train_distill
 
     device, biencoder = setup(settings)
     teacher = CrossEncoder.from_pretrained(args.cross_encoder, device=device, batch_size=settings.ce_batch_size,
-                                           lengths=PairLengths(settings.ce_query_max_length, settings.ce_max_length))
+                                           lengths=settings.ce_lengths(args.cross_encoder))
     result = train_distill(config_from(args), args.queries, args.corpus, teacher, biencoder, args.out,
                            split=args.split, max_queries=args.max_queries, cache_dir=settings.cache_dir,
                            resume=args.resume, command=command_line(args))

@@ -106,7 +106,7 @@ def test_fp16_checkpoint_round_trips_through_the_head_registry(late_ce, tmp_path
 
     save_fp16(late_ce, tmp_path)
     head = read_head(tmp_path)
-    assert head == {"head": "cls+late", "dim": 128, "normalize": True}
+    assert head == {"head": "cls+late", "dim": 128, "normalize": True, "query_max_length": 16, "max_length": 48}
     assert json.loads((tmp_path / "sieve_head.json").read_text())["head"] == "cls+late"
     loaded = CrossEncoder.from_pretrained(tmp_path, lengths=PairLengths(16, 48))
     assert type(loaded.scorer) is type(late_ce.scorer) and len(loaded.weights_hash) == 64

@@ -13,7 +13,9 @@ import torch
 from safetensors import safe_open
 
 from index import Document
+from models.ce_heads import read_head
 from models.cross_encoder import CrossEncoder, PairLengths
+from service.config import Settings
 from training.ce_train import (CETrainConfig, CETrainer, bce_loss, build_groups, lce_loss, load_dataset, save_fp16)
 from training.data import Split
 
@@ -164,6 +166,12 @@ def test_sieve_train_ce_writes_a_loadable_checkpoint_and_resumes(tiny_beir, cach
     card = (out / "model_card.md").read_text()
     assert "bi-encoder | cross-encoder" in card and "optimizer steps: 1" in card and "--max-steps 1 " in card
     assert CrossEncoder.from_pretrained(out).score("what is a lava volcano", ["lava and magma"]).shape == (1,)
+    # the training lengths travel with the checkpoint; serving uses them unless the settings say otherwise
+    assert read_head(out) == {"head": "cls", "query_max_length": 64, "max_length": 64}
+    assert Settings().ce_lengths(out) == PairLengths(64, 64)
+    monkeypatch.setenv("SIEVE_CE_MAX_LENGTH", "128")
+    assert Settings().ce_lengths(out) == PairLengths(64, 128)
+    monkeypatch.delenv("SIEVE_CE_MAX_LENGTH")
     with pytest.raises(SystemExit, match="--resume"):
         main(args + ["--max-steps", "2"])
     main(args + ["--max-steps", "2", "--resume"])
