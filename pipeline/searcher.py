@@ -42,7 +42,7 @@ class SearchParams:
     top_k: int = 10
     retrieve_k: int = 512
     rerank: str = "cmc"
-    cmc_k: int = 64  # candidates CMC passes on, and the number the cross-encoder scores
+    cmc_k: int = 16  # candidates CMC passes on, and the number the cross-encoder scores
     cross_encoder: bool = False
     timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
     retriever: str = "be"  # "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
@@ -245,6 +245,11 @@ class Searcher:
         if self.cmc is None:
             raise StageUnavailable("CMC is disabled on this server", field="rerank", allowed="none (or enable SIEVE_CMC_ENABLED)")
         return self.cmc
+
+    def serves_cross_encoder(self, retriever: str, ce_model: str) -> bool:
+        """Whether a /search that leaves cross_encoder unset gets it: the bi-encoder retrieves and the chosen
+        cross-encoder is loaded."""
+        return retriever == "be" and (self.late_ce if ce_model == "ce_late" else self.cross_encoder) is not None
 
     def require_cross_encoder(self) -> CrossEncoder:
         if self.cross_encoder is None:

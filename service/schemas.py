@@ -54,9 +54,11 @@ class SearchRequest(Strict):
     rerank: Literal["cmc", "mix", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, the "
                                                  "MixEncoder (SIEVE_MIX_PATH), or not (default none with retriever "
                                                  "anncur, which CMC cannot rerank).")
-    cmc_k: int = Field(64, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
+    cmc_k: int = Field(16, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
                        "(with retriever anncur: besides the anchors).")
-    cross_encoder: bool = Field(False, description="Rerank the top cmc_k with the cross-encoder (4xx when none is configured).")
+    cross_encoder: bool | None = Field(None, description="Rerank the top cmc_k with the cross-encoder (4xx when none is "
+                                       "configured); unset = on when the server has the chosen ce_model and retriever "
+                                       "is be, so a server with the shipped cross-encoder answers BE -> CMC -> CE.")
     ce_model: Literal["ce", "ce_late"] = Field("ce", description="Which cross-encoder: ce (SIEVE_CROSS_ENCODER_PATH) or "
                                                "ce_late, the late-interaction one (SIEVE_LATE_CE_PATH).")
     return_documents: bool = Field(False, description="Include each result's title and text.")

@@ -48,3 +48,9 @@ def test_cross_encoder_rerank_and_search(ce_server, ce_checkpoint):
         assert all(s is not None for s in ce_scores[:4]) and all(s is None for s in ce_scores[4:])
         assert ce_scores[:4] == sorted(ce_scores[:4], reverse=True)
         assert client.get("/readyz").json()["models"]["cross_encoder"] == ce_checkpoint.name
+        # cross_encoder unset: on, since this server has one (default cmc_k 16); false stops at CMC
+        default = client.post("/search", json={"query": "telescopes and galaxies", "top_k": 20}).json()
+        assert default["stages"] == ["retrieve", "cmc", "ce"]
+        assert sum(r["scores"]["ce"] is not None for r in default["results"]) == 16
+        off = client.post("/search", json={"query": "telescopes and galaxies", "top_k": 20, "cross_encoder": False})
+        assert off.json()["stages"] == ["retrieve", "cmc"]
