@@ -2,7 +2,7 @@
 commit, metrics). They load when the matching setting is unset (SIEVE_CMC_PATH, SIEVE_CROSS_ENCODER_PATH).
 
     cmc/             CMC attention layers (layers regime: the towers are the packaged bi-encoder itself)
-    cross-encoder/   cross-encoder trained from the packaged MiniLM (head cls+cos, LCE)
+    cross-encoder/   cross-encoder trained from the packaged MiniLM on SciFact (head gated, LCE)
 """
 from __future__ import annotations
 

@@ -40,6 +40,15 @@ def ce_reference(cross_encoder) -> dict:
             "scores": [cross_encoder.score(q, [texts[i] for i in picks]).tolist() for q in QUERIES]}
 
 
+def load_shipped_cross_encoder():
+    """checkpoints/cross-encoder as the service loads it with no settings: at the pair lengths it was trained with."""
+    import checkpoints
+    from models.ce_heads import trained_lengths
+    from models.cross_encoder import CrossEncoder
+
+    return CrossEncoder.from_pretrained(checkpoints.CROSS_ENCODER, lengths=trained_lengths(checkpoints.CROSS_ENCODER))
+
+
 def max_abs_diff(a: dict, b: dict) -> float:
     assert a["queries"] == b["queries"] and a["doc_ids"] == b["doc_ids"], "reference inputs differ"
     return float(np.abs(np.asarray(a["scores"]) - np.asarray(b["scores"])).max())
@@ -48,7 +57,6 @@ def max_abs_diff(a: dict, b: dict) -> float:
 def main() -> None:
     import checkpoints
     from models.cmc_checkpoint import load_cmc
-    from models.cross_encoder import CrossEncoder
     from models.text_encoder import EncoderLengths, TextEncoder
     from models.weights import default_model_path
 
@@ -57,7 +65,7 @@ def main() -> None:
         ref = cmc_reference(biencoder, load_cmc(checkpoints.CMC, biencoder))
         (checkpoints.CMC / "reference.json").write_text(json.dumps(ref) + "\n", encoding="utf-8")
     if checkpoints.shipped(checkpoints.CROSS_ENCODER):
-        ref = ce_reference(CrossEncoder.from_pretrained(checkpoints.CROSS_ENCODER))
+        ref = ce_reference(load_shipped_cross_encoder())
         (checkpoints.CROSS_ENCODER / "reference.json").write_text(json.dumps(ref) + "\n", encoding="utf-8")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import checkpoints
-from checkpoints.reference import cmc_reference, max_abs_diff
+from checkpoints.reference import ce_reference, cmc_reference, demo_documents, load_shipped_cross_encoder, max_abs_diff
 from models.cmc_checkpoint import load_cmc, untrained_cmc
 from service.config import Settings
 
@@ -34,3 +34,23 @@ def test_shipped_cmc_is_not_the_identity(biencoder):
     """A trained CMC reorders candidates: its reference scores are far from the untrained (identity) CMC's."""
     recorded = json.loads((checkpoints.CMC / "reference.json").read_text())
     assert max_abs_diff(cmc_reference(biencoder, untrained_cmc(biencoder, share_query_tower=True)), recorded) > 0.1
+
+
+def test_shipped_cross_encoder_reproduces_its_reference_scores():
+    assert checkpoints.shipped(checkpoints.CROSS_ENCODER), "checkpoints/cross-encoder is missing"
+    assert Settings().resolved_cross_encoder_path() == checkpoints.CROSS_ENCODER
+    recorded = json.loads((checkpoints.CROSS_ENCODER / "reference.json").read_text())
+    assert max_abs_diff(ce_reference(load_shipped_cross_encoder()), recorded) < 1e-3
+    card = (checkpoints.CROSS_ENCODER / "model_card.md").read_text()
+    assert "sieve train ce" in card and "nDCG@10" in card
+    size_mb = (checkpoints.CROSS_ENCODER / "model.safetensors").stat().st_size / 2**20
+    assert size_mb < 50
+
+
+def test_shipped_cross_encoder_is_not_the_bi_encoder(biencoder):
+    """The gated cross-encoder starts as 20 x the bi-encoder's cosine; trained, its scores are far from that."""
+    recorded = json.loads((checkpoints.CROSS_ENCODER / "reference.json").read_text())
+    ids, texts = demo_documents()
+    docs = biencoder.encode_documents([texts[ids.index(i)] for i in recorded["doc_ids"]], progress=False)
+    cosines = biencoder.encode_queries(recorded["queries"]).float().cpu().numpy() @ docs.T  # (Q, N)
+    assert max_abs_diff({**recorded, "scores": (20.0 * cosines).tolist()}, recorded) > 0.5

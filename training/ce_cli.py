@@ -64,7 +64,7 @@ def command_line(args: argparse.Namespace) -> str:
     sys.argv is not the command when main() is called with an argument list."""
     parts = ["sieve", "train", "ce"]
     for key, value in vars(args).items():
-        if key in ("command", "train_command", "func") or value is None or value is False:
+        if key in ("command", "train_command", "func", "command_line") or value is None or value is False:
             continue
         for item in value if isinstance(value, list) else [value]:
             parts += [f"--{key.replace('_', '-')}"] + ([] if item is True else [str(item)])
@@ -101,8 +101,8 @@ def write_model_card(cfg, summary: dict) -> None:
     head = cfg.head + (f" (late-interaction projection: {cfg.late_dim or 'none'})" if cfg.head == "cls+late" else "")
     text = f"""# Cross-encoder `{Path(cfg.out_dir).name}`
 
-Fine-tuned from {cfg.init or "the packaged all-MiniLM-L6-v2 (new one-logit head on [CLS])"} with the
-{cfg.loss.upper()} loss; head `{head}`; weights stored as fp16 safetensors. Best checkpoint: step
+Fine-tuned from {cfg.init or "the packaged all-MiniLM-L6-v2 (with a new head)"} with the
+{cfg.loss.upper()} loss; head `{head}` (models/ce_heads.py); weights stored as fp16 safetensors. Best checkpoint: step
 {summary['best_step']} of {summary['steps']} (stopped: {summary['stop']}).
 
 ## Data

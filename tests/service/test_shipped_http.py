@@ -28,3 +28,14 @@ def test_default_server_loads_the_shipped_cmc(shipped_server):
     # trained layers: CMC's scores are not the bi-encoder's cosines (the untrained CMC would return them unchanged)
     assert max(abs(r["scores"]["cmc"] - r["scores"]["retrieve"]) for r in results) > 0.1
     assert checkpoints.shipped(checkpoints.CMC)
+
+
+def test_default_search_runs_the_shipped_cross_encoder_after_cmc(shipped_server):
+    with shipped_server.client() as client:
+        assert client.get("/readyz").json()["models"]["cross_encoder"] == "cross-encoder"
+        body = client.post("/search", json={"query": "how do volcanoes erupt", "top_k": 20}).json()
+    assert body["stages"] == ["retrieve", "cmc", "ce"]  # no flag: BE -> CMC -> CE
+    scored = [r for r in body["results"] if r["scores"]["ce"] is not None]
+    assert len(scored) == 16 and body["results"][:16] == scored  # default cmc_k: the CE's 16 lead the list
+    assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
+    assert scored[0]["id"].startswith("volcano-")
