@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, load_classifier
+from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
 from models.late_interaction import segment_masks
 
 HEAD_NAME = "cls+cos"
@@ -36,7 +36,7 @@ def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
-class CosineScorer(nn.Module):
+class CosineScorer(SumOfParts):
     """A sequence-classification transformer (one logit on [CLS]) plus the pooled-cosine part."""
 
     def __init__(self, classifier: nn.Module, sep_token_id: int, scale: float = INITIAL_SCALE):
@@ -54,11 +54,6 @@ class CosineScorer(nn.Module):
         q_mask, d_mask = segment_masks(input_ids, attention_mask, self.sep_token_id)
         cos = F.cosine_similarity(masked_mean(states, q_mask), masked_mean(states, d_mask), dim=-1)  # (B,)
         return out.logits[:, 0], self.scale * cos
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        s_cls, s_cos = self.parts(input_ids, attention_mask, token_type_ids)
-        return s_cls + s_cos  # (B,)
 
     def save_head(self, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
         out_dir = Path(out_dir)

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.ce_cos import INITIAL_SCALE, masked_mean
-from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, load_classifier
+from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
 
 HEAD_NAME = "gated"
 
@@ -40,7 +40,7 @@ def segment_positions(segments: torch.Tensor, attention_mask: torch.Tensor) -> t
     return torch.where(segments == 1, positions - n_query, positions).clamp(min=0)
 
 
-class GatedScorer(nn.Module):
+class GatedScorer(SumOfParts):
     """Pure module: segment-laid-out pair ids in, one score per pair out (PairScorer's call)."""
 
     def __init__(self, classifier: nn.Module, scale: float = INITIAL_SCALE):
@@ -126,11 +126,6 @@ class GatedScorer(nn.Module):
         pooled = self.classifier.bert.pooler(states) if self.classifier.bert.pooler is not None else states[:, 0]
         s_cls = self.classifier.classifier(self.classifier.dropout(pooled))[:, 0]
         return s_cls, self.scale * cos
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        s_cls, s_cos = self.parts(input_ids, attention_mask, token_type_ids)
-        return s_cls + s_cos  # (B,)
 
     def save_head(self, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
         out_dir = Path(out_dir)

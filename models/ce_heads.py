@@ -32,6 +32,13 @@ class Head(NamedTuple):
     load: Callable[[Path, dict, object], nn.Module]
 
 
+class SumOfParts(nn.Module):
+    """Base of the heads whose score is the sum of separately trained parts: a subclass defines parts(...)."""
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        return sum(self.parts(input_ids, attention_mask, token_type_ids))  # (B,)
+
+
 def load_classifier(path: str | Path) -> nn.Module:
     from transformers import AutoModelForSequenceClassification
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, load_classifier
+from models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
 
 HEAD_NAME = "cls+late"
 
@@ -56,7 +56,7 @@ def maxsim(q: torch.Tensor, q_mask: torch.Tensor, d: torch.Tensor, d_mask: torch
     return torch.where(keep, best, torch.zeros_like(best)).sum(dim=-1)
 
 
-class LateInteractionScorer(nn.Module):
+class LateInteractionScorer(SumOfParts):
     """A sequence-classification transformer (one logit) plus a token projection for the late-interaction head."""
 
     def __init__(self, classifier: nn.Module, sep_token_id: int, cfg: LateConfig = LateConfig()):
@@ -77,11 +77,6 @@ class LateInteractionScorer(nn.Module):
             vectors = F.normalize(vectors, dim=-1)
         q_mask, d_mask = segment_masks(input_ids, attention_mask, self.sep_token_id)
         return out.logits[:, 0], maxsim(vectors, q_mask, vectors, d_mask)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        s_cls, s_late = self.parts(input_ids, attention_mask, token_type_ids)
-        return s_cls + s_late  # (B,)
 
     # -- checkpoint side: sieve_head.json + head.safetensors beside the Hugging Face directory ---------------------
     def head_spec(self) -> dict:
