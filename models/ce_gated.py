@@ -119,19 +119,31 @@ class GatedScorer(SumOfParts):
         """(s_cls, s_cos), each (B,)."""
         if token_type_ids is None:
             raise ValueError("the gated head needs segment ids (token_type_ids) from its pair_inputs()")
-        states = self.states(input_ids, attention_mask, token_type_ids)
+        return self.score_states(self.states(input_ids, attention_mask, token_type_ids), attention_mask, token_type_ids)
+
+    def score_states(self, states: torch.Tensor, attention_mask: torch.Tensor,
+                     segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s_cls, s_cos) from the (B, T, d) last-layer states."""
         valid = attention_mask.bool()
-        cos = F.cosine_similarity(masked_mean(states, valid & (token_type_ids == 0)),
-                                  masked_mean(states, valid & (token_type_ids == 1)), dim=-1)
+        cos = F.cosine_similarity(masked_mean(states, valid & (segments == 0)),
+                                  masked_mean(states, valid & (segments == 1)), dim=-1)
         pooled = self.classifier.bert.pooler(states) if self.classifier.bert.pooler is not None else states[:, 0]
         s_cls = self.classifier.classifier(self.classifier.dropout(pooled))[:, 0]
         return s_cls, self.scale * cos
 
+    def head_tensors(self) -> dict[str, torch.Tensor]:
+        """The head's own tensors as head.safetensors stores them."""
+        return {"scale": self.scale.reshape(1), "gates": self.gates}
+
+    def head_spec(self) -> dict:
+        """What sieve_head.json holds."""
+        return {"head": HEAD_NAME}
+
     def save_head(self, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
         out_dir = Path(out_dir)
-        (out_dir / HEAD_FILE).write_text(json.dumps({"head": HEAD_NAME}, indent=2) + "\n", encoding="utf-8")
-        save_file({"scale": self.scale.detach().to("cpu", dtype).reshape(1),
-                   "gates": self.gates.detach().to("cpu", dtype).contiguous()}, str(out_dir / HEAD_WEIGHTS))
+        (out_dir / HEAD_FILE).write_text(json.dumps(self.head_spec(), indent=2) + "\n", encoding="utf-8")
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in self.head_tensors().items()},
+                  str(out_dir / HEAD_WEIGHTS))
 
     def load_head(self, path: Path) -> None:
         saved = load_file(str(Path(path) / HEAD_WEIGHTS))
@@ -140,13 +152,17 @@ class GatedScorer(SumOfParts):
             self.gates.copy_(saved["gates"].float())
 
 
-def new_gated(classifier: nn.Module, tokenizer, options: dict) -> GatedScorer:
-    """A fresh head: gates closed and the [CLS] logit zeroed, so the first scores are the bi-encoder's (x scale)."""
-    scorer = GatedScorer(classifier, float(options.get("scale", INITIAL_SCALE)))
+def zero_classifier(classifier: nn.Module) -> None:
+    """Zeroes the one-logit [CLS] head, so a fresh gated head's s_cls starts at 0."""
     with torch.no_grad():
         classifier.classifier.weight.zero_()
         classifier.classifier.bias.zero_()
-    return scorer
+
+
+def new_gated(classifier: nn.Module, tokenizer, options: dict) -> GatedScorer:
+    """A fresh head: gates closed and the [CLS] logit zeroed, so the first scores are the bi-encoder's (x scale)."""
+    zero_classifier(classifier)
+    return GatedScorer(classifier, float(options.get("scale", INITIAL_SCALE)))
 
 
 def load_gated(path: Path, spec: dict, tokenizer) -> GatedScorer:

@@ -103,12 +103,25 @@ def load_gated(path: Path, spec: dict, tokenizer) -> nn.Module:
     return load(path, spec, tokenizer)
 
 
+def new_gated_late(classifier: nn.Module, tokenizer, options: dict) -> nn.Module:
+    from models.ce_gated_late import new_gated_late as build
+
+    return build(classifier, tokenizer, options)
+
+
+def load_gated_late(path: Path, spec: dict, tokenizer) -> nn.Module:
+    from models.ce_gated_late import load_gated_late as load
+
+    return load(path, spec, tokenizer)
+
+
 HEADS: dict[str, Head] = {
     "cls": Head(new_cls, load_cls),
     "emb": Head(new_emb, load_emb),
     "cls+late": Head(new_late, load_late),
     "cls+cos": Head(new_cos, load_cos),
     "gated": Head(new_gated, load_gated),
+    "gated+late": Head(new_gated_late, load_gated_late),
 }
 
 

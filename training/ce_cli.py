@@ -29,16 +29,17 @@ def register(commands) -> None:
     ce.add_argument("--seed", type=int, default=0)
     ce.add_argument("--resume", action="store_true", help="continue from OUT/state")
     ce.add_argument("--init", type=Path, help="start from this sequence-classification checkpoint")
-    ce.add_argument("--head", choices=["cls", "cls+late", "emb", "cls+cos", "gated"], default="cls",
+    ce.add_argument("--head", choices=["cls", "cls+late", "emb", "cls+cos", "gated", "gated+late"], default="cls",
                     help="cls: one logit on [CLS]; cls+late: plus late interaction over the last-layer tokens "
                          "(Zhang, Li, Lin 2023), both trained with the loss, summed at inference; emb: dot product "
                          "of contextualised query and document marker tokens (Yadav et al. 2022, for annCUR); "
                          "cls+cos: plus scaled cosine of the mean query and mean document states (learns from "
                          "MiniLM's mean-pooled init at once, models/ce_cos.py); gated: starts as the bi-encoder and learns "
-                         "gated attention across query and document (models/ce_gated.py)")
+                         "gated attention across query and document (models/ce_gated.py); gated+late: gated plus late "
+                         "interaction whose weight starts at 0 (models/ce_gated_late.py)")
     ce.add_argument("--head-lr", type=float, default=1e-3,
                     help="learning rate of a head's own new parameters (gated: the cross-attention gates and scale)")
-    ce.add_argument("--late-dim", type=int, default=128, help="cls+late: token projection size (0 = no projection)")
+    ce.add_argument("--late-dim", type=int, default=128, help="cls+late, gated+late: token projection size (0 = no projection)")
     ce.set_defaults(func=cmd_train_ce)
 
 
@@ -98,7 +99,7 @@ def write_model_card(cfg, summary: dict) -> None:
     data = "\n".join(f"- `{d['name']}` ({d['path']}): {d['train_queries']} train queries, {d['dev_queries']} dev "
                      f"queries, {d['documents']} documents" for d in summary["data"])
     params = json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("command", "resume")}, indent=2, default=str)
-    head = cfg.head + (f" (late-interaction projection: {cfg.late_dim or 'none'})" if cfg.head == "cls+late" else "")
+    head = cfg.head + (f" (late-interaction projection: {cfg.late_dim or 'none'})" if cfg.head.endswith("+late") else "")
     text = f"""# Cross-encoder `{Path(cfg.out_dir).name}`
 
 Fine-tuned from {cfg.init or "the packaged all-MiniLM-L6-v2 (with a new head)"} with the

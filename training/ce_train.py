@@ -58,8 +58,8 @@ class CETrainConfig:
     resume: bool = False
     init: Path | None = None  # a sequence-classification checkpoint; None = packaged MiniLM + a fresh head
     command: str = ""  # recorded in the model card
-    head: str = "cls"  # models/ce_heads.py HEADS: "cls", "cls+late", "emb", "cls+cos", "gated"
-    late_dim: int | None = 128  # cls+late: token projection size; None = unprojected hidden vectors
+    head: str = "cls"  # models/ce_heads.py HEADS: "cls", "cls+late", "emb", "cls+cos", "gated", "gated+late"
+    late_dim: int | None = 128  # cls+late, gated+late: token projection size; None = unprojected hidden vectors
     head_lr: float = 1e-3  # a head's own new parameters (models/ce_heads.py head_parameters(); gated: its gates)
 
 
@@ -174,7 +174,7 @@ def init_cross_encoder(cfg: CETrainConfig, device: torch.device) -> CrossEncoder
 
 def head_options(cfg: CETrainConfig) -> dict:
     """The variant's own fields for models/ce_heads.py new_head()."""
-    return {"dim": cfg.late_dim} if cfg.head == "cls+late" else {}
+    return {"dim": cfg.late_dim} if cfg.head.endswith("+late") else {}
 
 
 def group_logits(ce: CrossEncoder, batch: list[tuple[str, list[str]]]) -> torch.Tensor:
