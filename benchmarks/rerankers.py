@@ -127,20 +127,42 @@ def named_paths(items: list[str] | None, flag: str) -> list[tuple[str, Path]]:
     return out
 
 
+def table_row(out_dir: Path, data: EvalData, path: Path, args) -> dict | None:
+    """The be+ce / be+ce_late row of this checkpoint in an already written rerankers_<dataset>.json made with the
+    same depth, query sample and seed (the same numbers, not measured twice), else None."""
+    file = out_dir / f"rerankers_{data.name}.json"
+    if not file.is_file():
+        return None
+    doc = json.loads(file.read_text(encoding="utf-8"))
+    if (doc.get("depth"), doc.get("max_queries"), doc.get("seed")) != (args.depth, args.max_queries, args.seed):
+        return None
+    for key, stage in (("ce", f"be+ce@{args.depth}"), ("ce_late", f"be+ce_late@{args.depth}")):
+        if doc["checkpoints"].get(key) == str(path):
+            row = next((r for r in doc["rows"] if r["stage"] == stage), None)
+            if row is not None:
+                return {k: v for k, v in row.items() if k not in ("stage", "extra_index_bytes")} | {"from": file.name}
+    return None
+
+
 def cmd_cross_domain(args) -> dict:
-    """Each checkpoint (trained on one dataset) reranks each dataset's BE top `depth` through the plain CE stage."""
-    checkpoints = [(name, "cls", p) for name, p in named_paths(args.ce, "--ce")]
-    checkpoints += [(name, "cls+late", p) for name, p in named_paths(args.ce_late, "--ce-late")]
+    """Each checkpoint (trained on one dataset) reranks each dataset's BE top `depth` through the plain CE stage; a
+    row the table mode already measured (same checkpoint, depth, queries, seed) is taken from its JSON."""
+    from models.ce_heads import read_head
+
+    checkpoints = [(name, p) for flag in ("ce", "ce_late") for name, p in named_paths(getattr(args, flag), f"--{flag}")]
     cfg = EvalConfig(retrieve_k=args.depth, cmc_k=min(16, args.depth), ce_k=args.depth, top_k=args.depth)
     rows = []
     for data_dir in args.data:
         data = load_split(data_dir, "test", max_queries=args.max_queries, seed=args.seed)
-        for train, head, path in checkpoints:
-            components = components_for(settings_for(args, cross_encoder_path=path, cmc_enabled=False), data)
-            try:
-                result = run_queries(components.searcher, "be+ce", data, cfg, f"{train}->{data.name} {head}")
-            finally:
-                components.close()
+        for train, path in checkpoints:
+            head = read_head(path)["head"]
+            result = table_row(args.out_dir, data, path, args)
+            if result is None:
+                components = components_for(settings_for(args, cross_encoder_path=path, cmc_enabled=False), data)
+                try:
+                    result = run_queries(components.searcher, "be+ce", data, cfg, f"{train}->{data.name} {head}")
+                finally:
+                    components.close()
             rows.append({"train": train, "test": data.name, "head": head, "domain": "in" if train == data.name else "out",
                          "checkpoint": str(path), **result})
             print(f"{head} {train} -> {data.name}: nDCG@10 {result['ndcg@10']:.4f}", file=sys.stderr)
@@ -167,14 +189,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     table.add_argument("--data", required=True, type=Path)
     table.add_argument("--name", help="dataset name in the file name (default: the folder's name)")
     table.add_argument("--ce", type=Path, help="plain cross-encoder checkpoint")
-    table.add_argument("--ce-late", type=Path, help="cls+late cross-encoder checkpoint")
+    table.add_argument("--ce-late", type=Path, help="late-interaction cross-encoder checkpoint (cls+late, gated+late)")
     table.add_argument("--mix", type=Path, help="MixEncoder checkpoint")
     table.add_argument("--cmc", type=Path, help="CMC checkpoint (default: the untrained CMC, which ranks as BE)")
     table.add_argument("--wide", type=int, default=512, help="the larger candidate set for MixEncoder and CMC")
     cross = sub.add_parser("cross-domain", help="cross-encoders with and without late interaction, in and out of domain")
     cross.add_argument("--data", required=True, type=Path, action="append", help="BEIR folder; repeat")
-    cross.add_argument("--ce", action="append", help="TRAIN_DATASET=DIR of a plain cross-encoder; repeat")
-    cross.add_argument("--ce-late", action="append", help="TRAIN_DATASET=DIR of a cls+late cross-encoder; repeat")
+    cross.add_argument("--ce", action="append", help="TRAIN_DATASET=DIR of a cross-encoder without late interaction; repeat")
+    cross.add_argument("--ce-late", action="append", help="TRAIN_DATASET=DIR of one with late interaction (cls+late, "
+                       "gated+late); repeat")
     for p in (table, cross):
         p.add_argument("--depth", type=int, default=64, help="bi-encoder candidates every reranker sees")
         p.add_argument("--max-queries", type=int, help="a seeded sample of the judged test queries")

@@ -38,8 +38,15 @@ def test_table_and_cross_domain_modes(tiny_test_split, checkpoints, cache_dir, t
     assert rows["be+mix@16"]["candidates"] == 16 and "mix" in rows["be+mix@16"]["stage_ms_p50"]
     cross = main(["cross-domain", "--data", str(tiny_test_split), "--ce", f"tiny={late}", "--ce-late", f"other={late}",
                   "--depth", "8", "--max-queries", "2", "--out-dir", str(tmp_path)])
-    assert [(r["head"], r["domain"], r["queries"]) for r in cross["rows"]] == [("cls", "in", 2), ("cls+late", "out", 2)]
+    # heads are read from the checkpoints; a query sample the table did not use is measured, not reused
+    assert [(r["head"], r["domain"], r["queries"]) for r in cross["rows"]] == [("cls+late", "in", 2), ("cls+late", "out", 2)]
+    assert not any("from" in r for r in cross["rows"])
     assert cross["rows"][0]["ndcg@10"] == cross["rows"][1]["ndcg@10"]  # same checkpoint, same queries
     assert (tmp_path / "rerankers_cross_domain.json").is_file()
+    # the same depth, queries and seed as the table: its rows are taken over, not measured twice
+    reused = main(["cross-domain", "--data", str(tiny_test_split), "--ce", f"tiny={late}", "--depth", "8",
+                   "--out-dir", str(tmp_path)])
+    assert reused["rows"][0]["from"] == "rerankers_tiny.json"
+    assert reused["rows"][0]["ndcg@10"] == rows["be+ce@8"]["ndcg@10"]
     with pytest.raises(SystemExit, match="TRAIN_DATASET=CHECKPOINT_DIR"):
         main(["cross-domain", "--data", str(tiny_test_split), "--ce", late])
