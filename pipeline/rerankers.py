@@ -90,7 +90,7 @@ class MixRerank:
 
 
 class LateCrossEncoderRerank(CrossEncoderRerank):
-    """The cross-encoder stage for a second cross-encoder (a cls+late checkpoint), scored under "ce_late"."""
+    """The cross-encoder stage for a second cross-encoder (a gated+late or cls+late checkpoint), scored under "ce_late"."""
 
     name = "ce_late"
 

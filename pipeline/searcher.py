@@ -267,7 +267,7 @@ class Searcher:
     def require_late_ce(self) -> CrossEncoder:
         if self.late_ce is None:
             raise StageUnavailable("no late-interaction cross-encoder is configured on this server", field="ce_model",
-                                   allowed="ce (the server operator sets SIEVE_LATE_CE_PATH to a cls+late checkpoint)")
+                                   allowed="ce (the server operator sets SIEVE_LATE_CE_PATH to a late-interaction checkpoint)")
         return self.late_ce
 
     # -- /rerank ----------------------------------------------------------------------------------------------
