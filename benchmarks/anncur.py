@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="pairs per cross-encoder forward")
     p.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "sieve" / "anncur-bench")
     p.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--parts", action="store_true",
+                   help="also evaluate each part of a sum-of-parts cross-encoder (gated: LABEL:cls, the [CLS] logit, "
+                        "and LABEL:cos, the contextualised-embedding score) as a cross-encoder of its own; one "
+                        "scoring pass gives all of them")
     p.add_argument("--estimate-only", action="store_true", help="measure throughput, print the run time, stop")
     return p.parse_args(argv)
 
@@ -129,22 +133,51 @@ def work_dir(args, name: str, ce, part: str) -> Path:
 
 
 # -- one cross-encoder ----------------------------------------------------------------------------------------
-def evaluate_ce(label: str, path: str, args, name: str, world: dict, be: np.ndarray) -> tuple[dict, list[dict]]:
+def exact_scores(label: str, path: str, args, name: str, world: dict) -> tuple[dict, dict]:
+    """label -> (head, test x documents, anchor queries x documents) exact scores, and the time they took. With
+    --parts and a sum-of-parts head, its parts too (label:part), from the same scoring pass."""
     ce = load_ce(path, args)
-    m_test, t_test = score_matrix(ce, world["test_texts"], world["doc_texts"], work_dir(args, name, ce, "test"))
-    r_anc, t_anc = score_matrix(ce, world["anchor_texts"], world["doc_texts"], work_dir(args, name, ce, "anchor"))
+    parts = args.parts and bool(ce.part_names)
+    folder = "-parts" if parts else ""
+    m_test, t_test = score_matrix(ce, world["test_texts"], world["doc_texts"],
+                                  work_dir(args, name, ce, "test" + folder), parts=parts)
+    r_anc, t_anc = score_matrix(ce, world["anchor_texts"], world["doc_texts"],
+                                work_dir(args, name, ce, "anchor" + folder), parts=parts)
     head = read_head(path)["head"]  # the checkpoint's own sieve_head.json: cls, cls+cos, emb, ...
+    pairs, seconds = t_test["pairs"] + t_anc["pairs"], t_test["seconds"] + t_anc["seconds"]
+    timing = {"test_pairs": int(m_test.shape[0] * m_test.shape[1]), "anchor_pairs": int(r_anc.shape[0] * r_anc.shape[1]),
+              "pairs_scored": pairs, "seconds": seconds, "pairs_per_s": pairs / seconds if seconds else None,
+              "weights_hash": ce.weights_hash, "path": str(path)}
+    if not parts:
+        return {label: (head, m_test, r_anc)}, timing
+    out = {label: (head, m_test.sum(axis=-1), r_anc.sum(axis=-1))}
+    for i, part in enumerate(ce.part_names):
+        out[f"{label}:{part}"] = (f"{head} part {part}", m_test[..., i], r_anc[..., i])
+    return out, timing
+
+
+def evaluate_ce(label: str, path: str, args, name: str, world: dict, be: np.ndarray) -> tuple[dict, list[dict]]:
+    """label -> info, and the rows of every score that one checkpoint gives (itself, and its parts with --parts)."""
+    matrices, timing = exact_scores(label, path, args, name, world)
+    infos, rows = {}, []
+    for output, (head, m_test, r_anc) in matrices.items():
+        info, output_rows = evaluate_matrix(output, head, m_test, r_anc, args, world, be)
+        infos[output] = {"path": timing["path"], "head": head, "weights_hash": timing["weights_hash"],
+                         "exact_scores": {k: v for k, v in timing.items() if k not in ("path", "weights_hash")},
+                         **info}
+        rows += output_rows
+    return infos, rows
+
+
+def evaluate_matrix(label: str, head: str, m_test: np.ndarray, r_anc: np.ndarray, args, world: dict,
+                    be: np.ndarray) -> tuple[dict, list[dict]]:
     k_is = [k for k in args.k_i if k <= min(len(world["anchor_texts"]), len(world["docs"]))]
     qrels = world["qrels"]
     rows = [anncur_eval.exhaustive_row(m_test, world["doc_ids"], qrels),
             *anncur_eval.be_rows(m_test, be, args.budgets, world["doc_ids"], qrels),
             *anncur_eval.anncur_rows(m_test, r_anc, k_is, args.budgets, list(range(args.seeds)), world["doc_ids"],
                                      qrels, args.anchor_method)]
-    pairs, seconds = t_test["pairs"] + t_anc["pairs"], t_test["seconds"] + t_anc["seconds"]
-    info = {"path": str(path), "head": head, "weights_hash": ce.weights_hash,
-            "exact_scores": {"test_pairs": int(m_test.size), "anchor_pairs": int(r_anc.size), "pairs_scored": pairs,
-                             "seconds": seconds, "pairs_per_s": pairs / seconds if seconds else None},
-            "spectrum_test": anncur_eval.spectrum(m_test), "spectrum_all": anncur_eval.spectrum(np.vstack([r_anc, m_test]))}
+    info = {"spectrum_test": anncur_eval.spectrum(m_test), "spectrum_all": anncur_eval.spectrum(np.vstack([r_anc, m_test]))}
     return info, [{"cross_encoder": label, **row} for row in rows]
 
 
@@ -190,8 +223,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                      "anchor_method": args.anchor_method, "anchor_seeds": args.seeds, "seed": args.seed},
            "cross_encoders": {}, "rows": []}
     for label, path in specs:
-        info, rows = evaluate_ce(label, path, args, name, world, be)
-        doc["cross_encoders"][label] = info
+        infos, rows = evaluate_ce(label, path, args, name, world, be)
+        doc["cross_encoders"].update(infos)
         doc["rows"] += rows
     doc["wall_s"] = time.perf_counter() - started
     write(doc, args.out_dir)

@@ -95,5 +95,6 @@ def spectrum(matrix: np.ndarray, top: int = 64) -> dict:
     rank-r approximation, sqrt(sum_{i>r} s_i^2 / sum_i s_i^2), for r in RANKS."""
     s = np.linalg.svd(np.asarray(matrix, dtype=np.float64), compute_uv=False)
     energy = np.cumsum(s[::-1] ** 2)[::-1]  # energy[r] = sum_{i>=r} s_i^2
-    errors = {str(r): float(np.sqrt(energy[r] / energy[0])) for r in RANKS if r < len(s)}
-    return {"shape": list(matrix.shape), "normalized": (s[:top] / s[0]).tolist(), "rank_r_error": errors}
+    total, largest = energy[0] or 1.0, s[0] or 1.0  # an all-zero matrix (a part never trained) reads as zeros
+    errors = {str(r): float(np.sqrt(energy[r] / total)) for r in RANKS if r < len(s)}
+    return {"shape": list(matrix.shape), "normalized": (s[:top] / largest).tolist(), "rank_r_error": errors}

@@ -39,6 +39,8 @@ def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class CosineScorer(SumOfParts):
     """A sequence-classification transformer (one logit on [CLS]) plus the pooled-cosine part."""
 
+    part_names = ("cls", "cos")
+
     def __init__(self, classifier: nn.Module, sep_token_id: int, scale: float = INITIAL_SCALE):
         super().__init__()
         self.classifier = classifier

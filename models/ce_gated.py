@@ -43,6 +43,8 @@ def segment_positions(segments: torch.Tensor, attention_mask: torch.Tensor) -> t
 class GatedScorer(SumOfParts):
     """Pure module: segment-laid-out pair ids in, one score per pair out (PairScorer's call)."""
 
+    part_names = ("cls", "cos")
+
     def __init__(self, classifier: nn.Module, scale: float = INITIAL_SCALE):
         super().__init__()
         self.classifier = classifier

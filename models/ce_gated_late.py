@@ -46,6 +46,8 @@ def content_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor, segment
 class GatedLateScorer(GatedScorer):
     """Pure module: segment-laid-out pair ids in (GatedScorer.pair_inputs), one score per pair out."""
 
+    part_names = ("cls", "cos", "late")
+
     def __init__(self, classifier: nn.Module, special_ids: tuple[int, ...], cfg: LateConfig = LateConfig(),
                  scale: float = INITIAL_SCALE):
         super().__init__(classifier, scale)

@@ -33,7 +33,10 @@ class Head(NamedTuple):
 
 
 class SumOfParts(nn.Module):
-    """Base of the heads whose score is the sum of separately trained parts: a subclass defines parts(...)."""
+    """Base of the heads whose score is the sum of separately trained parts: a subclass defines parts(...) and
+    names them, in order, in `part_names`."""
+
+    part_names: tuple[str, ...] = ()
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         return sum(self.parts(input_ids, attention_mask, token_type_ids))  # (B,)

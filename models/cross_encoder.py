@@ -76,11 +76,27 @@ class CrossEncoder:
 
     def score(self, query: str, documents: Sequence[str]) -> torch.Tensor:
         """(N,) float32 logits on CPU, documents scored in batches in length order."""
+        return self.batched(query, documents, self.scorer, ())
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The separately trained parts of a sum-of-parts head (gated: cls, cos), else ()."""
+        return tuple(getattr(self.scorer, "part_names", ()))
+
+    def score_parts(self, query: str, documents: Sequence[str]) -> torch.Tensor:
+        """(N, P) float32 on CPU: each part of a sum-of-parts head, columns in `part_names` order; the row sums are
+        score()'s scores. A head without parts is refused."""
+        if not self.part_names:
+            raise ValueError(f"{self.name}: its cross-encoder head has no separately trained parts to score")
+        return self.batched(query, documents, lambda **batch: torch.stack(self.scorer.parts(**batch), dim=-1),
+                            (len(self.part_names),))
+
+    def batched(self, query: str, documents: Sequence[str], forward, width: tuple[int, ...]) -> torch.Tensor:
+        """forward(**pair inputs) -> (B, *width) over the documents in batches, longest first (less padding)."""
         order = sorted(range(len(documents)), key=lambda i: -len(documents[i]))
-        out = torch.empty(len(documents), dtype=torch.float32)
+        out = torch.empty((len(documents), *width), dtype=torch.float32)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 idx = order[start:start + self.batch_size]
-                logits = self.scorer(**self.tokenize_pairs(query, [documents[i] for i in idx]))
-                out[idx] = logits.float().cpu()
+                out[idx] = forward(**self.tokenize_pairs(query, [documents[i] for i in idx])).float().cpu()
         return out

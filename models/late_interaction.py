@@ -59,6 +59,8 @@ def maxsim(q: torch.Tensor, q_mask: torch.Tensor, d: torch.Tensor, d_mask: torch
 class LateInteractionScorer(SumOfParts):
     """A sequence-classification transformer (one logit) plus a token projection for the late-interaction head."""
 
+    part_names = ("cls", "late")
+
     def __init__(self, classifier: nn.Module, sep_token_id: int, cfg: LateConfig = LateConfig()):
         super().__init__()
         self.classifier = classifier

@@ -51,6 +51,8 @@ def test_spectrum_of_a_rank_three_matrix():
     s = ev.spectrum(rng.standard_normal((40, 3)) @ rng.standard_normal((3, 50)))
     assert s["shape"] == [40, 50] and s["normalized"][0] == 1.0 and len(s["normalized"]) == 40
     assert s["rank_r_error"]["1"] > 0.1 and s["rank_r_error"]["4"] < 1e-10 and s["normalized"][3] < 1e-10
+    zero = ev.spectrum(np.zeros((5, 7)))
+    assert zero["normalized"] == [0.0] * 5 and set(zero["rank_r_error"].values()) == {0.0}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,8 +83,9 @@ def tiny_beir(tmp_path_factory) -> Path:
     return root
 
 
-def untrained_checkpoint(head: str, path: Path) -> Path:
-    """The packaged MiniLM with a seeded fresh `head`, saved as the trainer saves it."""
+def untrained_checkpoint(head: str, path: Path, perturb=None) -> Path:
+    """The packaged MiniLM with a seeded fresh `head` (changed by `perturb(scorer)` if given), saved as the trainer
+    saves it."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -94,7 +97,11 @@ def untrained_checkpoint(head: str, path: Path) -> Path:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
     classifier = AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1)
-    save_fp16(CrossEncoder(new_head(head, classifier, tokenizer), tokenizer, name=head, weights_hash="unsaved"), path)
+    scorer = new_head(head, classifier, tokenizer)
+    if perturb is not None:
+        with torch.no_grad():
+            perturb(scorer)
+    save_fp16(CrossEncoder(scorer, tokenizer, name=head, weights_hash="unsaved"), path)
     return path
 
 
@@ -106,6 +113,17 @@ def cls_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def emb_checkpoint(tmp_path_factory) -> Path:
     return untrained_checkpoint("emb", tmp_path_factory.mktemp("emb-ce"))
+
+
+def open_gated(scorer) -> None:
+    """Half-open gates and a live [CLS] logit: both parts of the gated head vary from document to document."""
+    scorer.gates.fill_(0.5)
+    scorer.classifier.classifier.weight.normal_(0, 0.1)
+
+
+@pytest.fixture(scope="module")
+def gated_checkpoint(tmp_path_factory) -> Path:
+    return untrained_checkpoint("gated", tmp_path_factory.mktemp("gated-ce"), open_gated)
 
 
 def test_script_writes_json_and_figures_and_reuses_its_scores(tiny_beir, cls_checkpoint, emb_checkpoint, cache_dir,
@@ -134,3 +152,27 @@ def test_script_writes_json_and_figures_and_reuses_its_scores(tiny_beir, cls_che
     again = anncur.main(argv[:4] + argv[6:])  # cls alone, every score from the cache: nothing is scored twice
     assert again["cross_encoders"]["cls"]["exact_scores"]["pairs_scored"] == 108
     assert again["rows"] == [r for r in doc["rows"] if r["cross_encoder"] == "cls"]
+
+
+def test_parts_of_a_gated_cross_encoder_are_evaluated_from_one_scoring_pass(tiny_beir, gated_checkpoint, cache_dir,
+                                                                           tmp_path, monkeypatch):
+    from benchmarks import anncur
+
+    monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
+    argv = ["--data", str(tiny_beir), "--ce", f"g={gated_checkpoint}", "--parts", "--test-queries", "3",
+            "--random-docs", "9", "--anchor-queries", "6", "--k-i", "2,4", "--budgets", "4,8", "--seeds", "1",
+            "--max-length", "32", "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out")]
+    doc = anncur.main(argv)
+    ces = doc["cross_encoders"]
+    assert list(ces) == ["g", "g:cls", "g:cos"] and ces["g:cos"]["head"] == "gated part cos"
+    assert {c["exact_scores"]["pairs_scored"] for c in ces.values()} == {108}  # 36 test + 72 anchor pairs, once
+    labels = {r["cross_encoder"] for r in doc["rows"] if r["method"] == "anncur" and r["k_i"] == 4}
+    assert labels == {"g", "g:cls", "g:cos"}
+    spectra = {label: c["spectrum_all"]["normalized"] for label, c in ces.items()}
+    assert spectra["g:cls"] != spectra["g:cos"] != spectra["g"]
+    plain = anncur.main([a for a in argv if a != "--parts"])  # the sum alone: a cache of its own, same scores
+    assert list(plain["cross_encoders"]) == ["g"] and plain["cross_encoders"]["g"]["exact_scores"]["pairs_scored"] == 108
+    g_rows = [r for r in doc["rows"] if r["cross_encoder"] == "g"]
+    assert [r["method"] for r in plain["rows"]] == [r["method"] for r in g_rows]
+    for a, b in zip(plain["rows"], g_rows):
+        assert a["topk_recall@1"] == pytest.approx(b["topk_recall@1"]) and a["ndcg@10"] == pytest.approx(b["ndcg@10"])

@@ -98,3 +98,32 @@ def test_anchor_queries_are_a_seeded_sample_of_the_allowed_ids():
     assert len(a) == 10 and all(int(q[1:]) < 30 for q in a) and a == pick_anchor_queries(QUERIES, 10, seed=3, only=[f"q{i}" for i in range(30)])
     assert a != pick_anchor_queries(QUERIES, 10, seed=4, only=[f"q{i}" for i in range(30)])
     assert list(pick_anchor_queries(QUERIES, 100)) == sorted(QUERIES)  # fewer than k_q: all of them
+
+
+class FakePartsCrossEncoder(FakeCrossEncoder):
+    """A sum-of-parts cross-encoder: parts (rank-6 form, 2 x the same), score = their sum."""
+
+    part_names = ("a", "b")
+
+    def score_parts(self, query: str, documents):
+        one = super().score(query, documents)
+        return np.stack([one, 2 * one], axis=1)  # (N, 2)
+
+    def score(self, query: str, documents):
+        return self.score_parts(query, documents).sum(axis=1)
+
+
+def test_parts_are_scored_once_and_cached_apart_from_the_sum(docs, tmp_path):
+    ce, texts, queries = FakePartsCrossEncoder(), [d.full_text for d in docs], list(QUERIES.values())[:6]
+    parts, timing = score_matrix(ce, queries, texts, tmp_path / "parts", progress=False, parts=True)
+    assert parts.shape == (6, len(texts), 2) and timing["pairs"] == 6 * len(texts) and ce.calls == 6
+    total, _ = score_matrix(ce, queries, texts, tmp_path / "sum", progress=False)
+    np.testing.assert_allclose(parts.sum(axis=-1), total, rtol=1e-5)
+    np.testing.assert_allclose(parts[..., 1], 2 * parts[..., 0], rtol=1e-5)
+    again, timing = score_matrix(ce, queries, texts, tmp_path / "parts", progress=False, parts=True)
+    assert ce.calls == 12 and timing["pairs"] == 6 * len(texts)  # 6 for the sum; the parts came from the cache
+    np.testing.assert_array_equal(again, parts)
+    with pytest.raises(ValueError, match="differing: parts"):  # a parts cache is not a sum cache
+        score_matrix(ce, queries, texts, tmp_path / "parts", progress=False)
+    with pytest.raises(ValueError, match="sum of parts"):
+        score_matrix(FakeCrossEncoder(), queries, texts, tmp_path / "plain", progress=False, parts=True)

@@ -93,3 +93,16 @@ def test_checkpoint_round_trip_keeps_gates_and_scale(gated_ce, tmp_path):
     assert isinstance(loaded.scorer, GatedScorer)
     torch.testing.assert_close(loaded.scorer.gates, gated_ce.scorer.gates, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(loaded.score(QUERY, DOCS), gated_ce.score(QUERY, DOCS), rtol=1e-2, atol=1e-2)
+
+
+def test_parts_are_scored_in_one_pass_each_as_its_own_loss_sees_it(gated_ce):
+    with torch.no_grad():
+        gated_ce.scorer.gates.fill_(0.5)
+        gated_ce.scorer.classifier.classifier.weight.normal_(0, 0.1)  # a live [CLS] logit, not the fresh zero
+    parts = gated_ce.score_parts(QUERY, DOCS)
+    assert gated_ce.part_names == ("cls", "cos") and parts.shape == (3, 2)
+    torch.testing.assert_close(parts.sum(dim=1), gated_ce.score(QUERY, DOCS), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        s_cls, s_cos = gated_ce.scorer.parts(**gated_ce.tokenize_pairs(QUERY, DOCS))
+    torch.testing.assert_close(parts, torch.stack([s_cls, s_cos], dim=1), rtol=1e-4, atol=1e-4)
+    assert parts[:, 0].abs().min() > 0 and parts[:, 1].std() > 0
