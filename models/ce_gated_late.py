@@ -20,14 +20,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
 from models.ce_cos import INITIAL_SCALE
 from models.ce_gated import GatedScorer, zero_classifier
 from models.ce_heads import HEAD_WEIGHTS, load_classifier
-from models.late_interaction import LateConfig, config_from_spec, maxsim
+from models.late_interaction import (LateConfig, config_from_spec, load_projection, maxsim, token_projection,
+                                     token_vectors)
 
 HEAD_NAME = "gated+late"
 
@@ -53,8 +53,7 @@ class GatedLateScorer(GatedScorer):
         super().__init__(classifier, scale)
         self.cfg = cfg
         self.special_ids = tuple(int(t) for t in special_ids)
-        hidden = int(classifier.config.hidden_size)
-        self.proj = nn.Linear(hidden, cfg.dim, bias=False) if cfg.dim else nn.Identity()
+        self.proj = token_projection(int(classifier.config.hidden_size), cfg)
         self.late_weight = nn.Parameter(torch.zeros(()))
 
     def head_parameters(self) -> list[nn.Parameter]:
@@ -67,9 +66,7 @@ class GatedLateScorer(GatedScorer):
             raise ValueError("the gated+late head needs segment ids (token_type_ids) from its pair_inputs()")
         states = self.states(input_ids, attention_mask, token_type_ids)
         s_cls, s_cos = self.score_states(states, attention_mask, token_type_ids)
-        vectors = self.proj(states)
-        if self.cfg.normalize:
-            vectors = F.normalize(vectors, dim=-1)
+        vectors = token_vectors(self.proj, states, self.cfg)  # (B, T, p)
         q_mask, d_mask = content_masks(input_ids, attention_mask, token_type_ids, self.special_ids)
         return s_cls, s_cos, self.late_weight * maxsim(vectors, q_mask, vectors, d_mask)
 
@@ -86,9 +83,7 @@ class GatedLateScorer(GatedScorer):
         super().load_head(path)
         with torch.no_grad():
             self.late_weight.copy_(saved["late_weight"].float()[0])
-        if self.cfg.dim:
-            self.proj.load_state_dict({k.removeprefix("proj."): v.float() for k, v in saved.items()
-                                       if k.startswith("proj.")})
+        load_projection(self.proj, saved, self.cfg)
 
 
 def special_ids(tokenizer) -> tuple[int, ...]:

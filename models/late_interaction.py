@@ -56,6 +56,23 @@ def maxsim(q: torch.Tensor, q_mask: torch.Tensor, d: torch.Tensor, d_mask: torch
     return torch.where(keep, best, torch.zeros_like(best)).sum(dim=-1)
 
 
+def token_projection(hidden: int, cfg: LateConfig) -> nn.Module:
+    """The per-token projection of a late-interaction head (none when cfg.dim is None)."""
+    return nn.Linear(hidden, cfg.dim, bias=False) if cfg.dim else nn.Identity()
+
+
+def token_vectors(proj: nn.Module, states: torch.Tensor, cfg: LateConfig) -> torch.Tensor:
+    """(B, T, d) last-layer states -> (B, T, p) token vectors that maxsim compares (unit length if cfg.normalize)."""
+    vectors = proj(states)
+    return F.normalize(vectors, dim=-1) if cfg.normalize else vectors
+
+
+def load_projection(proj: nn.Module, saved: dict[str, torch.Tensor], cfg: LateConfig) -> None:
+    """Loads the `proj.*` tensors of a head.safetensors into `proj` (nothing to load for an unprojected head)."""
+    if cfg.dim:
+        proj.load_state_dict({k.removeprefix("proj."): v.float() for k, v in saved.items() if k.startswith("proj.")})
+
+
 class LateInteractionScorer(SumOfParts):
     """A sequence-classification transformer (one logit) plus a token projection for the late-interaction head."""
 
@@ -66,17 +83,14 @@ class LateInteractionScorer(SumOfParts):
         self.classifier = classifier
         self.cfg = cfg
         self.sep_token_id = int(sep_token_id)
-        hidden = int(classifier.config.hidden_size)
-        self.proj = nn.Linear(hidden, cfg.dim, bias=False) if cfg.dim else nn.Identity()
+        self.proj = token_projection(int(classifier.config.hidden_size), cfg)
 
     def parts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(s_cls, s_late), each (B,)."""
         out = self.classifier(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                               output_hidden_states=True)
-        vectors = self.proj(out.hidden_states[-1])  # (B, T, p)
-        if self.cfg.normalize:
-            vectors = F.normalize(vectors, dim=-1)
+        vectors = token_vectors(self.proj, out.hidden_states[-1], self.cfg)  # (B, T, p)
         q_mask, d_mask = segment_masks(input_ids, attention_mask, self.sep_token_id)
         return out.logits[:, 0], maxsim(vectors, q_mask, vectors, d_mask)
 
@@ -93,8 +107,7 @@ class LateInteractionScorer(SumOfParts):
 
     def load_head(self, path: Path) -> None:
         if self.cfg.dim:
-            state = load_file(str(Path(path) / HEAD_WEIGHTS))
-            self.proj.load_state_dict({k.removeprefix("proj."): v.float() for k, v in state.items()})
+            load_projection(self.proj, load_file(str(Path(path) / HEAD_WEIGHTS)), self.cfg)
 
 
 def config_from_spec(spec: dict) -> LateConfig:
