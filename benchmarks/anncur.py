@@ -177,7 +177,9 @@ def evaluate_matrix(label: str, head: str, m_test: np.ndarray, r_anc: np.ndarray
             *anncur_eval.be_rows(m_test, be, args.budgets, world["doc_ids"], qrels),
             *anncur_eval.anncur_rows(m_test, r_anc, k_is, args.budgets, list(range(args.seeds)), world["doc_ids"],
                                      qrels, args.anchor_method)]
-    info = {"spectrum_test": anncur_eval.spectrum(m_test), "spectrum_all": anncur_eval.spectrum(np.vstack([r_anc, m_test]))}
+    everything = np.vstack([r_anc, m_test])
+    info = {"spectrum_test": anncur_eval.spectrum(m_test), "spectrum_all": anncur_eval.spectrum(everything),
+            "spectrum_all_centered": anncur_eval.spectrum(everything, center_rows=True)}
     return info, [{"cross_encoder": label, **row} for row in rows]
 
 

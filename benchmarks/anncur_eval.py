@@ -90,10 +90,17 @@ def exhaustive_row(m_test: np.ndarray, doc_ids, qrels: list[dict]) -> dict:
     return {"method": "ce-exhaustive", "k_i": None, "k_r": None, "ce_calls": int(m_test.shape[1]), **mean_rows(per_query)}
 
 
-def spectrum(matrix: np.ndarray, top: int = 64) -> dict:
+def spectrum(matrix: np.ndarray, top: int = 64, center_rows: bool = False) -> dict:
     """Singular-value decay: the first `top` values over the largest, and the relative Frobenius error of the best
-    rank-r approximation, sqrt(sum_{i>r} s_i^2 / sum_i s_i^2), for r in RANKS."""
-    s = np.linalg.svd(np.asarray(matrix, dtype=np.float64), compute_uv=False)
+    rank-r approximation, sqrt(sum_{i>r} s_i^2 / sum_i s_i^2), for r in RANKS.
+
+    center_rows: each query's mean score subtracted first. A per-query offset changes no ranking but is a rank-one
+    component of its own, which can dominate the raw spectrum (a [CLS] logit that hardly depends on the document);
+    the centred spectrum is the part of the matrix that orders documents."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if center_rows:
+        matrix = matrix - matrix.mean(axis=1, keepdims=True)
+    s = np.linalg.svd(matrix, compute_uv=False)
     energy = np.cumsum(s[::-1] ** 2)[::-1]  # energy[r] = sum_{i>=r} s_i^2
     total, largest = energy[0] or 1.0, s[0] or 1.0  # an all-zero matrix (a part never trained) reads as zeros
     errors = {str(r): float(np.sqrt(energy[r] / total)) for r in RANKS if r < len(s)}

@@ -67,18 +67,25 @@ def figure3(doc: dict, path: Path) -> Path:
 
 
 def spectrum_plot(doc: dict, path: Path) -> Path:
+    """Raw spectrum on the left; on the right (when the JSON has it) the spectrum after subtracting each query's mean
+    score, the part of the matrix that orders documents."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    for label, info in doc["cross_encoders"].items():
-        values = info["spectrum_all"]["normalized"]
-        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{label} ({info['head']})")
-    ax.set_yscale("log")
-    ax.set_xlabel("singular value index")
-    ax.set_ylabel("singular value / largest")
+    keys = [k for k in ("spectrum_all", "spectrum_all_centered")
+            if all(k in info for info in doc["cross_encoders"].values())]
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), dpi=110, squeeze=False)
     shape = next(iter(doc["cross_encoders"].values()))["spectrum_all"]["shape"]
-    ax.set_title(f"Score-matrix spectrum, {doc['dataset']} ({shape[0]} queries x {shape[1]} documents)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    for ax, key in zip(axes[0], keys):
+        for label, info in doc["cross_encoders"].items():
+            values = info[key]["normalized"]
+            ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{label} ({info['head']})")
+        ax.set_yscale("log")
+        ax.set_xlabel("singular value index")
+        ax.set_ylabel("singular value / largest")
+        kind = "rows centred" if key.endswith("centered") else "raw scores"
+        ax.set_title(f"{doc['dataset']}: {shape[0]} queries x {shape[1]} documents, {kind}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Score-matrix spectrum", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -51,6 +51,10 @@ def test_spectrum_of_a_rank_three_matrix():
     s = ev.spectrum(rng.standard_normal((40, 3)) @ rng.standard_normal((3, 50)))
     assert s["shape"] == [40, 50] and s["normalized"][0] == 1.0 and len(s["normalized"]) == 40
     assert s["rank_r_error"]["1"] > 0.1 and s["rank_r_error"]["4"] < 1e-10 and s["normalized"][3] < 1e-10
+    offsets = rng.standard_normal((40, 1)) * 10 + rng.standard_normal((40, 3)) @ rng.standard_normal((3, 50))
+    assert ev.spectrum(offsets)["normalized"][3] > 1e-3  # a per-query offset is a fourth component ...
+    centred = ev.spectrum(offsets, center_rows=True)  # ... that row-centring removes (it orders no document)
+    assert centred["rank_r_error"]["2"] > 1e-3 and centred["normalized"][3] < 1e-10
     zero = ev.spectrum(np.zeros((5, 7)))
     assert zero["normalized"] == [0.0] * 5 and set(zero["rank_r_error"].values()) == {0.0}
 
