@@ -38,7 +38,8 @@ class PairScorer(Protocol):
 def scorer_identity(scorer) -> dict:
     """The fields that change the scores: weights, variant and pair lengths."""
     lengths = getattr(scorer, "lengths", None)
-    spec = getattr(getattr(scorer, "scorer", None), "spec", None)
+    module = getattr(scorer, "scorer", None)  # the head module: [emb] keeps its spec, gated / late ones build it
+    spec = getattr(module, "spec", None) or (module.head_spec() if hasattr(module, "head_spec") else None)
     return {"name": scorer.name, "weights_hash": scorer.weights_hash,
             "head": (spec or {}).get("head", "cls"),
             "query_max_length": getattr(lengths, "query_max_length", None),

@@ -57,9 +57,13 @@ class CosineScorer(SumOfParts):
         cos = F.cosine_similarity(masked_mean(states, q_mask), masked_mean(states, d_mask), dim=-1)  # (B,)
         return out.logits[:, 0], self.scale * cos
 
+    def head_spec(self) -> dict:
+        """What sieve_head.json holds."""
+        return {"head": HEAD_NAME}
+
     def save_head(self, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
         out_dir = Path(out_dir)
-        (out_dir / HEAD_FILE).write_text(json.dumps({"head": HEAD_NAME}, indent=2) + "\n", encoding="utf-8")
+        (out_dir / HEAD_FILE).write_text(json.dumps(self.head_spec(), indent=2) + "\n", encoding="utf-8")
         save_file({"scale": self.scale.detach().to("cpu", dtype).reshape(1)}, str(out_dir / HEAD_WEIGHTS))
 
     def load_head(self, path: Path) -> None:

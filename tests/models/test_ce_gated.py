@@ -106,3 +106,9 @@ def test_parts_are_scored_in_one_pass_each_as_its_own_loss_sees_it(gated_ce):
         s_cls, s_cos = gated_ce.scorer.parts(**gated_ce.tokenize_pairs(QUERY, DOCS))
     torch.testing.assert_close(parts, torch.stack([s_cls, s_cos], dim=1), rtol=1e-4, atol=1e-4)
     assert parts[:, 0].abs().min() > 0 and parts[:, 1].std() > 0
+
+
+def test_score_caches_record_the_head_they_were_scored_with(gated_ce):
+    from index.score_matrix import scorer_identity
+
+    assert scorer_identity(gated_ce)["head"] == "gated"  # not "cls": the gated module builds its spec
