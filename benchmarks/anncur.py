@@ -33,8 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import anncur_eval  # noqa: E402
 from index import read_beir_corpus, read_qrels, read_queries  # noqa: E402
-from index.score_matrix import score_matrix  # noqa: E402
-from models.ce_heads import read_head  # noqa: E402
+from index.score_matrix import score_matrix, scorer_identity  # noqa: E402
 
 
 def int_list(text: str) -> list[int]:
@@ -134,8 +133,9 @@ def work_dir(args, name: str, ce, part: str) -> Path:
 
 # -- one cross-encoder ----------------------------------------------------------------------------------------
 def exact_scores(label: str, path: str, args, name: str, world: dict) -> tuple[dict, dict]:
-    """label -> (head, test x documents, anchor queries x documents) exact scores, and the time they took. With
-    --parts and a sum-of-parts head, its parts too (label:part), from the same scoring pass."""
+    """label -> (head, test x documents, anchor queries x documents) exact scores, and what every label's info
+    shares (checkpoint, and the pairs and time the scores took). With --parts and a sum-of-parts head, its parts
+    too (label:part), from the same scoring pass."""
     ce = load_ce(path, args)
     parts = args.parts and bool(ce.part_names)
     folder = "-parts" if parts else ""
@@ -143,28 +143,28 @@ def exact_scores(label: str, path: str, args, name: str, world: dict) -> tuple[d
                                   work_dir(args, name, ce, "test" + folder), parts=parts)
     r_anc, t_anc = score_matrix(ce, world["anchor_texts"], world["doc_texts"],
                                 work_dir(args, name, ce, "anchor" + folder), parts=parts)
-    head = read_head(path)["head"]  # the checkpoint's own sieve_head.json: cls, cls+cos, emb, ...
+    head = scorer_identity(ce)["head"]  # the loaded head: cls, cls+cos, emb, gated, ...
     pairs, seconds = t_test["pairs"] + t_anc["pairs"], t_test["seconds"] + t_anc["seconds"]
-    timing = {"test_pairs": int(m_test.shape[0] * m_test.shape[1]), "anchor_pairs": int(r_anc.shape[0] * r_anc.shape[1]),
-              "pairs_scored": pairs, "seconds": seconds, "pairs_per_s": pairs / seconds if seconds else None,
-              "weights_hash": ce.weights_hash, "path": str(path)}
+    shared = {"path": str(path), "weights_hash": ce.weights_hash,
+              "exact_scores": {"test_pairs": int(m_test.shape[0] * m_test.shape[1]),
+                               "anchor_pairs": int(r_anc.shape[0] * r_anc.shape[1]), "pairs_scored": pairs,
+                               "seconds": seconds, "pairs_per_s": pairs / seconds if seconds else None}}
     if not parts:
-        return {label: (head, m_test, r_anc)}, timing
+        return {label: (head, m_test, r_anc)}, shared
     out = {label: (head, m_test.sum(axis=-1), r_anc.sum(axis=-1))}
     for i, part in enumerate(ce.part_names):
         out[f"{label}:{part}"] = (f"{head} part {part}", m_test[..., i], r_anc[..., i])
-    return out, timing
+    return out, shared
 
 
 def evaluate_ce(label: str, path: str, args, name: str, world: dict, be: np.ndarray) -> tuple[dict, list[dict]]:
     """label -> info, and the rows of every score that one checkpoint gives (itself, and its parts with --parts)."""
-    matrices, timing = exact_scores(label, path, args, name, world)
+    matrices, shared = exact_scores(label, path, args, name, world)
     infos, rows = {}, []
     for output, (head, m_test, r_anc) in matrices.items():
         info, output_rows = evaluate_matrix(output, head, m_test, r_anc, args, world, be)
-        infos[output] = {"path": timing["path"], "head": head, "weights_hash": timing["weights_hash"],
-                         "exact_scores": {k: v for k, v in timing.items() if k not in ("path", "weights_hash")},
-                         **info}
+        infos[output] = {"path": shared["path"], "head": head, "weights_hash": shared["weights_hash"],
+                         "exact_scores": shared["exact_scores"], **info}
         rows += output_rows
     return infos, rows
 
