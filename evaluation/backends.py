@@ -70,7 +70,7 @@ class HttpBackend:
     def search(self, params: SearchParams) -> QueryResult:
         body = {"query": params.query, "top_k": params.top_k, "retrieve_k": params.retrieve_k,
                 "rerank": params.rerank, "cmc_k": params.cmc_k, "cross_encoder": params.cross_encoder}
-        if params.retriever != "be":
+        if params.retriever is not None:  # unset: the server's default for its index (hybrid with a BM25 part)
             body["retriever"] = params.retriever
         if params.ce_model != "ce":
             body["ce_model"] = params.ce_model

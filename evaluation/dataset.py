@@ -15,15 +15,21 @@ class EvalData:
     data_dir: Path
     queries: dict[str, str]  # query id -> text, only queries with at least one relevant document
     qrels: dict[str, dict[str, int]]  # the same query ids -> {doc id: grade}
+    ignore_identical_ids: bool = False  # drop a retrieved document whose id is the query id (BEIR: ArguAna, Quora)
 
     @property
     def corpus_path(self) -> Path:
         return self.data_dir / "corpus.jsonl"
 
 
+# collections whose queries are documents of the corpus, so each query would find itself (BEIR's list)
+IDENTICAL_ID_DATASETS = ("arguana", "quora")
+
+
 def load_split(data_dir: str | Path, split: str, *, name: str | None = None, max_queries: int | None = None,
-               seed: int = 0) -> EvalData:
-    """Queries without a relevant document are dropped, as mean_metric would ignore them anyway."""
+               seed: int = 0, ignore_identical_ids: bool | None = None) -> EvalData:
+    """Queries without a relevant document are dropped, as mean_metric would ignore them anyway.
+    ignore_identical_ids unset: on for the collections in IDENTICAL_ID_DATASETS (by folder name)."""
     data_dir = Path(data_dir)
     qrels_path = data_dir / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
@@ -36,4 +42,7 @@ def load_split(data_dir: str | Path, split: str, *, name: str | None = None, max
         raise ValueError(f"{qrels_path} judges no query of {data_dir / 'queries.jsonl'} as having a relevant document")
     if max_queries is not None and max_queries < len(judged):
         judged = sorted(random.Random(seed).sample(judged, max_queries))
-    return EvalData(name or data_dir.name, split, data_dir, {q: texts[q] for q in judged}, {q: qrels[q] for q in judged})
+    if ignore_identical_ids is None:
+        ignore_identical_ids = data_dir.resolve().name.lower() in IDENTICAL_ID_DATASETS
+    return EvalData(name or data_dir.name, split, data_dir, {q: texts[q] for q in judged},
+                    {q: qrels[q] for q in judged}, ignore_identical_ids)

@@ -7,28 +7,32 @@ from pathlib import Path
 from index import (IndexMismatchError, IndexNotFoundError, SearchIndex, build_index, corpus_hash,
                    read_beir_corpus)
 from index.corpus import hash_strings
+from index.lexical import LexicalConfig
 from service.config import Settings
 
 
-def index_is_current(index_dir: Path, docs, encoder, store_names) -> bool:
-    """Same test as `sieve demo`: the live version was built from this corpus by this model, with these stores."""
+def index_is_current(index_dir: Path, docs, encoder, store_names, lexical: bool = True) -> bool:
+    """Same test as `sieve demo`: the live version was built from this corpus by this model, with these stores
+    (and a lexical part when `lexical`)."""
     try:
         live = SearchIndex.load(index_dir, model_name=encoder.name, model_hash=encoder.weights_hash, dim=encoder.dim)
     except (IndexNotFoundError, IndexMismatchError):
         return False
     try:
-        return live.manifest.corpus_hash == corpus_hash(docs) and all(live.has_store(n) for n in store_names)
+        return (live.manifest.corpus_hash == corpus_hash(docs) and all(live.has_store(n) for n in store_names)
+                and live.has_lexical == lexical)
     finally:
         live.close()
 
 
 def ensure_index(corpus_path: Path, encoder, index_dir: Path, cache_dir: Path | None,
-                 extra_stores: dict | None = None) -> Path:
+                 extra_stores: dict | None = None, lexical=LexicalConfig()) -> Path:
     """Builds only when missing or stale; the embedding cache makes a rebuild of a known corpus cheap."""
     docs = read_beir_corpus(corpus_path)
-    if not index_is_current(index_dir, docs, encoder, list(extra_stores or {})):
+    if not index_is_current(index_dir, docs, encoder, list(extra_stores or {}), lexical is not None):
         print(f"building the eval index at {index_dir} ({len(docs)} documents)", file=sys.stderr)
-        build_index(docs, encoder, index_dir, cache_dir=cache_dir, extra_stores=extra_stores or None)
+        build_index(docs, encoder, index_dir, cache_dir=cache_dir, extra_stores=extra_stores or None,
+                    lexical=lexical)
     return index_dir
 
 
@@ -52,7 +56,7 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
                                                   lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
     key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values())])[:12]
     index_dir = Path(settings.cache_dir) / "eval-indexes" / f"{name}-{key}"
-    return ensure_index(corpus_path, biencoder, index_dir, settings.cache_dir, extra)
+    return ensure_index(corpus_path, biencoder, index_dir, settings.cache_dir, extra, settings.lexical_config())
 
 
 def load_local(settings: Settings, name: str, corpus_path: Path, index_dir: Path | None = None):

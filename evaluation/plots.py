@@ -77,3 +77,24 @@ def save(fig, path: Path) -> Path:
 def write_plots(doc: dict, out_dir: Path) -> list[Path]:
     stem = out_dir / f"eval_{doc['dataset']}"
     return [recall_plot(doc, Path(f"{stem}_recall.png")), quality_latency_plot(doc, Path(f"{stem}_quality_latency.png"))]
+
+
+def write_transfer_plot(doc: dict, path: Path) -> Path:
+    """Grouped bars: nDCG@10 of each pipeline on each dataset/subset of the transfer report, the default marked."""
+    plt = pyplot()
+    groups = list(dict.fromkeys((r["dataset"], r["subset"]) for r in doc["rows"]))
+    names = doc["pipelines"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(groups) * max(1, len(names)) / 3), 4.8), dpi=120)
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [next((r["ndcg@10"] for r in doc["rows"] if (r["dataset"], r["subset"], r["pipeline"]) ==
+                        (d, s, name)), float("nan")) for d, s in groups]
+        label = f"{name} (default)" if name == doc["default"] else name
+        ax.bar([g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))], values, width, label=label,
+               edgecolor="black" if name == doc["default"] else None, linewidth=1.5)
+    ax.set_xticks(range(len(groups)), [d if s == "all" else f"{d}\n{s} docs" for d, s in groups])
+    ax.set_ylabel("nDCG@10 (test)")
+    ax.set_title("Transfer report: nDCG@10 by collection (ArguAna and SciFact unseen: no model here saw them)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2, loc="upper right")
+    return save(fig, path)

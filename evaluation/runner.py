@@ -66,6 +66,12 @@ PIPELINES = {
     "be+mix+ce": Pipeline(("mix", "ce"), "mix", True, "cmc_k"),
     "be+ce_late": Pipeline(("ce_late",), "none", True, "ce_k", ce_model="ce_late"),
     "be+cmc+ce_late": Pipeline(("cmc", "ce_late"), "cmc", True, "cmc_k", ce_model="ce_late"),
+    # issue 15: the lexical first stage and its fusion with the bi-encoder (the index's BM25 part)
+    "bm25": Pipeline((), "none", False, retriever="bm25"),
+    "hybrid": Pipeline((), "none", False, retriever="hybrid"),
+    "hybrid+cmc": Pipeline(("cmc",), "cmc", False, retriever="hybrid"),
+    "hybrid+ce": Pipeline(("ce",), "none", True, "ce_k", retriever="hybrid"),
+    "hybrid+cmc+ce": Pipeline(("cmc", "ce"), "cmc", True, "cmc_k", retriever="hybrid"),
 }
 
 
@@ -86,20 +92,38 @@ class CEScored:
     ms: float
 
 
-def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig,
-                 ce_log: dict[str, list[CEScored]] | None = None) -> dict:
+@dataclass
+class Run:
+    """Per-query outcomes of one pipeline, in the order of data.queries (subsets are scored from these)."""
+    rankings: dict[str, list[str]]
+    timings: dict[str, dict[str, float]]
+    pairs: dict[str, int]
+
+    def summary(self, qrels: dict[str, dict[str, int]]) -> dict:
+        ids = [q for q in self.rankings if q in qrels]
+        return summarize({q: self.rankings[q] for q in ids}, [self.timings[q] for q in ids],
+                         [self.pairs[q] for q in ids], {q: qrels[q] for q in ids})
+
+
+def collect(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig,
+            ce_log: dict[str, list[CEScored]] | None = None) -> Run:
     """One warm-up query first, so lazy initialisation (thread pools, allocator) stays out of the latencies.
-    ce_log, when given, collects per query id what the cross-encoder scored."""
+    ce_log, when given, collects per query id what the cross-encoder scored. With data.ignore_identical_ids a
+    retrieved document whose id is the query's own id is dropped (BEIR's rule for ArguAna)."""
     backend.search(pipeline.params(next(iter(data.queries.values())), cfg))
-    rankings, timings, pairs = {}, [], []
+    run = Run({}, {}, {})
     for qid, text in tqdm(data.queries.items(), desc="queries", unit="query", leave=False):
         result: QueryResult = backend.search(pipeline.params(text, cfg))
-        rankings[qid] = result.ids
-        timings.append(result.timings_ms)
-        pairs.append(result.ce_pairs)
+        ids = [i for i in result.ids if i != qid] if data.ignore_identical_ids else result.ids
+        run.rankings[qid], run.timings[qid], run.pairs[qid] = ids, result.timings_ms, result.ce_pairs
         if ce_log is not None and result.ce_scores and pipeline.retriever == "be":  # annCUR may run another CE
             ce_log.setdefault(qid, []).append(CEScored(result.ce_scores, result.timings_ms.get("ce", 0.0)))
-    return summarize(rankings, timings, pairs, data.qrels)
+    return run
+
+
+def run_pipeline(backend, pipeline: Pipeline, data: EvalData, cfg: EvalConfig,
+                 ce_log: dict[str, list[CEScored]] | None = None) -> dict:
+    return collect(backend, pipeline, data, cfg, ce_log).summary(data.qrels)
 
 
 def run_pipelines(backend, data: EvalData, names: list[str], cfg: EvalConfig,

@@ -16,7 +16,8 @@ from pathlib import Path
 from evaluation.runner import PIPELINES, EvalConfig, parse_pipelines
 
 FLAGS = ("data", "split", "pipelines", "server", "index", "retrieve_k", "cmc_k", "ce_k", "max_queries", "seed",
-         "out_dir", "name", "table2")
+         "out_dir", "name", "table2", "transfer")
+TRANSFER_PIPELINES = "be,bm25,hybrid,be+cmc,hybrid+cmc,be+cmc+ce,hybrid+cmc+ce"
 
 
 def pipelines_arg(text: str) -> list[str]:
@@ -45,6 +46,11 @@ def register(sub) -> None:
     p.add_argument("--name", help="dataset name in file names and the JSON (default: the --data folder's name)")
     p.add_argument("--table2", action="store_true",
                    help="also the CMC paper's Table 2 (CE nDCG@10 over K' from BE vs BE+CMC; in-process)")
+    p.add_argument("--transfer", action="store_true",
+                   help="the transfer report: --data is the folder holding scifact/, nfcorpus/ and arguana/; each "
+                        "pipeline on each test split (SciFact also by seen / unseen documents), macro-average, and the "
+                        f"default pipeline chosen from it; writes transfer.json + transfer.png (pipelines default "
+                        f"{TRANSFER_PIPELINES}; in-process)")
     p.set_defaults(func=cmd_eval)
 
 
@@ -70,11 +76,44 @@ def cmd_eval(args: argparse.Namespace, settings) -> None:
     cfg = EvalConfig(retrieve_k=args.retrieve_k, cmc_k=args.cmc_k, ce_k=args.ce_k)
     if args.max_queries is not None and args.max_queries < 1:
         raise ValueError(f"--max-queries must be >= 1, got {args.max_queries}")
+    if args.transfer:
+        return cmd_transfer(args, settings, cfg)
     data = load_split(args.data, args.split, name=args.name, max_queries=args.max_queries, seed=args.seed)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per /search request would bury the output
     log(f"{data.name} {data.split}: {len(data.queries)} judged queries")
     doc = evaluate(args, settings, data, cfg)
     print(render_and_write(doc, args.out_dir))
+
+
+def cmd_transfer(args: argparse.Namespace, settings, cfg: EvalConfig) -> None:
+    import json
+
+    from evaluation.backends import InProcessBackend
+    from evaluation.local import load_local
+    from evaluation.transfer import render, transfer_report
+
+    if args.server:
+        raise ValueError("--transfer runs in-process (one index per dataset); drop --server")
+    pipelines = args.pipelines if args.pipelines != list(PIPELINES) else parse_pipelines(TRANSFER_PIPELINES)
+    with ExitStack() as stack:
+        def backend(data):
+            components = stack.enter_context(closing(load_local(settings, data.name, data.corpus_path)))
+            return InProcessBackend(components.searcher)
+
+        doc = transfer_report(backend, args.data, pipelines, cfg, args.max_queries, args.seed, log)
+    doc["command"] = command_line(args)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / "transfer.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    written = [path]
+    try:
+        from evaluation.plots import write_transfer_plot
+
+        written.append(write_transfer_plot(doc, args.out_dir / "transfer.png"))
+    except ImportError:
+        log("matplotlib is not installed (pip install -e '.[bench]'): no plot written")
+    log("wrote " + ", ".join(str(p) for p in written))
+    print(render(doc))
 
 
 def evaluate(args: argparse.Namespace, settings, data, cfg: EvalConfig) -> dict:

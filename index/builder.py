@@ -13,6 +13,7 @@ from .cache import encode_cached
 from .corpus import Document
 from .encoder import DocumentEncoder, checked_embeddings, encoder_identity
 from .errors import IndexMismatchError, UnknownDocumentError
+from .lexical import LexicalConfig
 from .layout import live_version_number, rebuild_version_number, writer_lock
 from .manifest import DTYPES, FORMAT_VERSION, Manifest, check_manifest
 from .storage import DOCS_FILE, EMBEDDINGS_FILE, FAISS_FILE, STORES_DIR, row_chunks
@@ -44,9 +45,12 @@ def _in_memory(array: np.ndarray) -> Rows:
 
 
 def _validate_build(docs: list[Document], dtype: str, faiss_kind: str,
-                    faiss_params: dict | None, store_names: Sequence[str]) -> dict:
+                    faiss_params: dict | None, store_names: Sequence[str],
+                    lexical: LexicalConfig | None = None) -> dict:
     """Check every cheap option before encoding, which can take minutes; return faiss params."""
     _check_unique_ids(docs, "corpus")
+    if lexical is not None:
+        lexical.check()
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     for name in store_names:
@@ -58,10 +62,12 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
                 dtype: str = "float32", faiss_kind: str = "flat",
                 faiss_params: dict | None = None, cache_dir: Path | None = None,
                 progress: bool = True,
-                extra_stores: dict[str, DocumentEncoder] | None = None) -> Manifest:
-    """Encode `docs` and publish them as a new version of the index at `out_dir`."""
+                extra_stores: dict[str, DocumentEncoder] | None = None,
+                lexical: LexicalConfig | None = LexicalConfig()) -> Manifest:
+    """Encode `docs` and publish them as a new version of the index at `out_dir`, with a BM25 part unless
+    `lexical` is None."""
     docs, out_dir, extra_stores = list(docs), Path(out_dir), dict(extra_stores or {})
-    params = _validate_build(docs, dtype, faiss_kind, faiss_params, list(extra_stores))
+    params = _validate_build(docs, dtype, faiss_kind, faiss_params, list(extra_stores), lexical)
     texts = [d.full_text for d in docs]
     arrays = {None: _in_memory(encode_cached(encoder, texts, cache_dir, progress))}
     for name, enc in extra_stores.items():
@@ -70,7 +76,8 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
         format_version=FORMAT_VERSION, model_name=encoder.name,
         model_hash=encoder.weights_hash, dim=int(encoder.dim), count=0, dtype=dtype,
         faiss_kind=faiss_kind, faiss_params=params, corpus_hash="", created="", version=0,
-        stores={n: encoder_identity(e) for n, e in extra_stores.items()})
+        stores={n: encoder_identity(e) for n, e in extra_stores.items()},
+        lexical=lexical.to_dict() if lexical is not None else {})
     with writer_lock(out_dir):
         finish_manifest(manifest, docs, rebuild_version_number(out_dir))
         return write_version(out_dir, VersionPlan(manifest, docs, arrays))
@@ -192,6 +199,7 @@ def add_store(index_dir: str | Path, name: str, encoder: DocumentEncoder,
         reuse = {rel: live.path / rel for rel in (EMBEDDINGS_FILE, DOCS_FILE, FAISS_FILE)}
         reuse.update({f"{STORES_DIR}/{s}.npy": live.path / STORES_DIR / f"{s}.npy"
                       for s in live.manifest.stores if s != name})
+        reuse.update(live.lexical_files())
         m = finish_manifest(replace(live.manifest, stores=stores), docs,
                             live_version_number(index_dir) + 1)
         return write_version(index_dir, VersionPlan(m, None, {name: _in_memory(emb)}, reuse))

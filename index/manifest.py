@@ -35,6 +35,8 @@ class Manifest:
     version: int
     # extra embedding stores: name -> {"model_name", "model_hash", "dim"}
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the BM25 part (index/lexical.py): {"engine", "language", "k1", "b"}; empty = this version has none
+    lexical: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -50,7 +52,7 @@ class Manifest:
             raise IndexFormatError(f"{source} must be a JSON object")
         _check_format_version(data.get("format_version"), source)
         names = {f.name for f in fields(cls)}
-        missing = sorted(n for n in names - {"stores"} if n not in data)
+        missing = sorted(n for n in names - {"stores", "lexical"} if n not in data)
         if missing:
             raise IndexFormatError(f"{source} lacks field(s) {', '.join(missing)}; "
                                    "rebuild the index with `sieve index build`")

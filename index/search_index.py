@@ -15,6 +15,7 @@ import numpy as np
 from .corpus import Document
 from .errors import IndexFormatError, UnknownDocumentError
 from .layout import current_version_dir
+from .lexical import LexicalConfig, LexicalIndex, top_positive
 from .manifest import Manifest, check_manifest, read_manifest
 from .storage import DOCS_FILE, FAISS_FILE, connect_readonly, open_embeddings, row_chunks, store_path
 from .vectors import exact_top_k, set_search_params, to_device
@@ -32,6 +33,7 @@ class _Parts:
     stores: dict[str, np.ndarray]
     conn: sqlite3.Connection
     ids: list[str]
+    lexical: LexicalIndex | None = None
 
 
 def _check_shape(array: np.ndarray, shape: tuple[int, int], what: Path) -> None:
@@ -62,6 +64,7 @@ def _open_parts(vdir: Path, check: Callable[[Manifest], None], use_gpu: bool,
     if index.ntotal != m.count:
         raise IndexFormatError(f"{vdir / FAISS_FILE} holds {index.ntotal} vectors, the "
                                f"manifest says {m.count}; rebuild with `sieve index build`")
+    lexical = LexicalIndex(vdir, LexicalConfig.from_dict(m.lexical), m.count) if m.lexical else None
     set_search_params(index, nprobe, ef_search)
     device_index = to_device(index, use_gpu)
     on_gpu = device_index is not index
@@ -71,7 +74,7 @@ def _open_parts(vdir: Path, check: Callable[[Manifest], None], use_gpu: bool,
     except Exception:
         conn.close()
         raise
-    return _Parts(m, device_index, on_gpu, emb, stores, conn, ids)
+    return _Parts(m, device_index, on_gpu, emb, stores, conn, ids, lexical)
 
 
 class SearchIndex:
@@ -151,6 +154,22 @@ class SearchIndex:
             # IVF/HNSW can return fewer than k hits (-1); fill those queries exactly.
             scores[short], rows[short] = exact_top_k(q[short], row_chunks(self._p.embeddings), k)
         return scores.astype(np.float32, copy=False), rows.astype(np.int64, copy=False)
+
+    @property
+    def has_lexical(self) -> bool:
+        return self._p.lexical is not None
+
+    def lexical_scores(self, query: str) -> np.ndarray:
+        """BM25 score of every row for `query` over title + text (float32, (size,))."""
+        self._check_open()
+        if self._p.lexical is None:
+            raise ValueError(f"the index at {self.index_dir} (version {self.version}) has no lexical part; "
+                             "rebuild it with `sieve index build` (lexical is on by default)")
+        return self._p.lexical.scores(query)
+
+    def search_lexical(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows by BM25 (only rows sharing a term with the query): (scores, rows), 1-D, best first."""
+        return top_positive(self.lexical_scores(query), max(1, min(int(k), self.size)))
 
     def ids(self, rows: Sequence[int]) -> list[str]:
         return [self._p.ids[r] for r in self._rows(rows).tolist()]

@@ -10,6 +10,7 @@ import numpy as np
 
 from .corpus import Document, corpus_hash
 from .layout import commit_version, current_version_dir, staging_dir
+from .lexical import LEXICAL_DIR, LexicalConfig, write_lexical
 from .manifest import Manifest, read_manifest, utc_now, write_manifest
 from .storage import (DOCS_FILE, FAISS_FILE, link_or_copy, open_embeddings, read_all_docs,
                       store_path, write_docs, write_embeddings)
@@ -49,6 +50,11 @@ class LiveVersion:
     def embeddings(self, store: str | None = None) -> np.ndarray:
         return open_embeddings(store_path(self.path, store))
 
+    def lexical_files(self) -> dict[str, Path]:
+        """The lexical part's files, relative path -> source, for a version that keeps the same documents."""
+        root = self.path / LEXICAL_DIR
+        return {str(p.relative_to(self.path)): p for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
+
 
 def finish_manifest(manifest: Manifest, docs: list[Document], version: int) -> Manifest:
     """Fill the per-version fields of a manifest for the documents being written."""
@@ -71,6 +77,8 @@ def write_version(index_dir: Path, plan: VersionPlan) -> Manifest:
             link_or_copy(src, tmp / rel)
         if FAISS_FILE not in plan.reuse:
             _write_faiss(tmp, m)
+        if m.lexical and plan.docs is not None:  # same documents, same version: dense and lexical move together
+            write_lexical(tmp, plan.docs, LexicalConfig.from_dict(m.lexical))
         write_manifest(tmp, m)
         commit_version(index_dir, tmp, m.version)
     return m

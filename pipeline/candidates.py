@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-STAGES = ("retrieve", "cmc", "mix", "ce", "ce_late")
+STAGES = ("retrieve", "be", "bm25", "cmc", "mix", "ce", "ce_late")  # "be", "bm25": each first-stage score of a hybrid list
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -22,6 +22,7 @@ from models.text_encoder import TextEncoder
 from pipeline.anncur_stage import AnnCUR, anncur_stages
 from pipeline.batching import BatchConfig, Runners
 from pipeline.candidates import Candidates
+from pipeline.first_stage import HybridConfig, HybridRetrieve, LexicalRetrieve
 from pipeline.errors import QueryTooLong, RequestError, StageUnavailable
 from pipeline.rerank_inputs import RerankItem, indexed_rows, rerank_candidates, resolve_texts
 from pipeline.rerankers import LateCrossEncoderRerank, MixRerank, locked_copy
@@ -32,7 +33,8 @@ from pipeline.threadsafe import with_locked_tokenizers
 
 RERANKERS = ("cmc", "mix", "none")
 CE_MODELS = ("ce", "ce_late")  # the cross-encoder that scores the head: the plain one or the late-interaction one
-RETRIEVERS = ("be", "anncur")
+RETRIEVERS = ("be", "bm25", "hybrid", "anncur")
+NEEDS_QUERY_VECTOR = ("be", "hybrid")  # first stages that search with the bi-encoder's query vector
 __all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "normalise_query"]
 
 
@@ -45,7 +47,8 @@ class SearchParams:
     cmc_k: int = 16  # candidates CMC passes on, and the number the cross-encoder scores
     cross_encoder: bool = False
     timeout_ms: int | None = None  # whole-request budget; stages that do not fit are skipped
-    retriever: str = "be"  # "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
+    retriever: str | None = None  # None: "hybrid" when the index has a lexical part, else "be"; "bm25": BM25
+    # alone; "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
     ce_model: str = "ce"  # with cross_encoder: "ce" or "ce_late" (pipeline/rerankers.py)
     use_cache: bool = True  # False: compute the query vectors afresh (the service's Cache-Control: no-cache)
 
@@ -80,7 +83,8 @@ class Searcher:
                  cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
                  batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
                  embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None,
-                 mix: MixRuntime | None = None, late_ce: CrossEncoder | None = None):
+                 mix: MixRuntime | None = None, late_ce: CrossEncoder | None = None,
+                 hybrid: HybridConfig = HybridConfig()):
         # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
         self.biencoder, self.cmc, self.cross_encoder = with_locked_tokenizers(biencoder, cmc, cross_encoder)
         self.index = index
@@ -91,6 +95,7 @@ class Searcher:
         self.runners = Runners(batching)
         self.anncur = self.locked_anncur(anncur, cross_encoder)
         self.mix, self.late_ce = locked_copy(mix), locked_copy(late_ce)
+        self.hybrid = hybrid
 
     def locked_anncur(self, anncur: AnnCUR | None, cross_encoder) -> AnnCUR | None:
         """annCUR's cross-encoder with a locked tokenizer: the CE stage's own copy when it is the same model."""
@@ -152,8 +157,20 @@ class Searcher:
 
     def run(self, stages: Sequence[Stage], state: QueryState) -> QueryState:
         for stage in stages:
+            if state.candidates is not None and len(state.candidates) == 0:
+                break  # nothing was retrieved (BM25 with no query term in the index): nothing to rerank
             state = run_stage(stage, state, self.runners, self.stage_budgets_ms)
         return state
+
+    @staticmethod
+    def default_retriever(index) -> str:
+        return "hybrid" if getattr(index, "has_lexical", False) else "be"
+
+    def resolve(self, params: SearchParams, index=None) -> SearchParams:
+        """The request with its retriever filled in: unset means hybrid on an index with a lexical part."""
+        if params.retriever is not None:
+            return params
+        return replace(params, retriever=self.default_retriever(index if index is not None else self.index))
 
     # -- /search ----------------------------------------------------------------------------------------------
     def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
@@ -161,7 +178,7 @@ class Searcher:
         if params.retriever == "anncur":
             rerank_k = params.cmc_k if params.cross_encoder else 0
             return anncur_stages(self.require_anncur(index), retrieve_k, rerank_k, index, self.batching.ce_tokens)
-        stages: list[Stage] = [Retrieve(index, retrieve_k)]
+        stages: list[Stage] = [self.first_stage(params.retriever, index, retrieve_k)]
         if params.rerank == "cmc":
             # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
             stages.append(CMCRerank(self.require_cmc(), index, self.batching.cmc_candidates))
@@ -171,6 +188,20 @@ class Searcher:
             stages.append(self.ce_stage(params.ce_model, index, params.cmc_k))
         return stages
 
+    def first_stage(self, retriever: str, index, k: int) -> Stage:
+        if retriever == "bm25":
+            return LexicalRetrieve(self.require_lexical(index), k)
+        if retriever == "hybrid":
+            return HybridRetrieve(self.require_lexical(index), k, self.hybrid)
+        return Retrieve(index, k)
+
+    def require_lexical(self, index):
+        if not getattr(index, "has_lexical", False):
+            raise StageUnavailable("this index has no lexical (BM25) part", field="retriever",
+                                   allowed="be (the operator rebuilds the index with `sieve index build`, which "
+                                           "adds BM25 unless --no-lexical)")
+        return index
+
     def ce_stage(self, model: str, index, k: int) -> Stage:
         if model == "ce_late":
             return LateCrossEncoderRerank(self.require_late_ce(), index, k, self.batching.ce_tokens)
@@ -178,16 +209,17 @@ class Searcher:
 
     def search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
-        self.check_params(params)
         state = self.new_state(params.query, params.timeout_ms)
-        state.use_cache = params.use_cache
         index = state.index
+        params = self.resolve(params, index)
+        self.check_params(params)
+        state.use_cache = params.use_cache
         retrieve_k = params.retrieve_k
         if retrieve_k > index.size:
             state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
             retrieve_k = index.size
         stages = self.plan(params, retrieve_k, index)
-        towers = {"be": self.biencoder} if params.retriever == "be" else {}  # annCUR needs no query vector
+        towers = {"be": self.biencoder} if params.retriever in NEEDS_QUERY_VECTOR else {}  # BM25, annCUR: none
         if params.rerank == "cmc":
             towers["cmc"] = self.cmc.query_tower
         self.encode_query(state, towers)
@@ -204,6 +236,8 @@ class Searcher:
                                allowed=" | ".join(RETRIEVERS))
         if params.retriever == "anncur":
             self.check_anncur(params)
+        if params.retriever in ("bm25", "hybrid"):
+            self.require_lexical(self.index)
         if params.top_k > params.retrieve_k:
             raise RequestError(f"top_k {params.top_k} is larger than retrieve_k {params.retrieve_k}",
                                field="top_k", allowed=f"1 <= top_k <= retrieve_k ({params.retrieve_k})")
@@ -217,7 +251,7 @@ class Searcher:
             self.require_cmc()
         if params.rerank == "mix":
             self.require_mix()
-        if params.cross_encoder and params.retriever == "be":
+        if params.cross_encoder and params.retriever != "anncur":
             self.require_late_ce() if params.ce_model == "ce_late" else self.require_cross_encoder()
 
     def check_anncur(self, params: SearchParams) -> None:
@@ -246,10 +280,10 @@ class Searcher:
             raise StageUnavailable("CMC is disabled on this server", field="rerank", allowed="none (or enable SIEVE_CMC_ENABLED)")
         return self.cmc
 
-    def serves_cross_encoder(self, retriever: str, ce_model: str) -> bool:
-        """Whether a /search that leaves cross_encoder unset gets it: the bi-encoder retrieves and the chosen
-        cross-encoder is loaded."""
-        return retriever == "be" and (self.late_ce if ce_model == "ce_late" else self.cross_encoder) is not None
+    def serves_cross_encoder(self, retriever: str | None, ce_model: str) -> bool:
+        """Whether a /search that leaves cross_encoder unset gets it: a first stage other than annCUR retrieves
+        and the chosen cross-encoder is loaded."""
+        return retriever != "anncur" and (self.late_ce if ce_model == "ce_late" else self.cross_encoder) is not None
 
     def require_cross_encoder(self) -> CrossEncoder:
         if self.cross_encoder is None:

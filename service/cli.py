@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
     build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
     build.add_argument("--mix-checkpoint", type=Path, help="also store a MixEncoder's context embeddings (store 'mix')")
+    build.add_argument("--no-lexical", action="store_true", help="no BM25 part (retrievers bm25 and hybrid then answer 400)")
+    build.add_argument("--lexical-language", help="BM25 analyzer language (SIEVE_LEXICAL_LANGUAGE, default english; 'none')")
     build.set_defaults(func=cmd_build)
     add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
     add.add_argument("--index", required=True, type=Path)
@@ -106,8 +108,17 @@ def cmd_build(args, settings: Settings) -> None:
     extra = {k: v for k, v in found.items() if k != "primary"}
     manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
                            faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
-                           extra_stores=extra or None)
-    print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version}))
+                           extra_stores=extra or None, lexical=lexical_of(args, settings))
+    print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version,
+                      "lexical": manifest.lexical or None}))
+
+
+def lexical_of(args, settings: Settings):
+    if args.no_lexical:
+        return None
+    if args.lexical_language:
+        settings = settings.model_copy(update={"lexical_language": args.lexical_language, "lexical_enabled": True})
+    return settings.lexical_config()
 
 
 def cmd_add(args, settings: Settings) -> None:
@@ -156,13 +167,13 @@ def cmd_demo(args, settings: Settings) -> None:
     found = encoders(settings, None)["primary"]
     try:
         live = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=found.weights_hash, dim=found.dim)
-        stale = live.manifest.corpus_hash != corpus_hash(docs)
+        stale = live.manifest.corpus_hash != corpus_hash(docs) or live.has_lexical != settings.lexical_enabled
         live.close()
     except (IndexNotFoundError, IndexMismatchError):
         stale = True
     if stale:
         print(f"building the demo index at {settings.index_dir} from {args.corpus} ({len(docs)} documents)", file=sys.stderr)
-        build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir)
+        build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir, lexical=settings.lexical_config())
     run_server(settings)
 
 

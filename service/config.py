@@ -25,6 +25,13 @@ class Settings(BaseSettings):
     doc_max_length: int = Field(256, ge=16, le=512, description="Document tokens (title + text) when encoding.")
     query_overflow: Literal["truncate", "reject"] = Field("truncate", description="Over-long queries: cut to query_max_length, or answer 413.")
     encode_batch_size: int = Field(32, ge=1, le=1024)
+    # lexical first stage (BM25 inside each index version) and hybrid fusion
+    lexical_enabled: bool = Field(True, description="`sieve index build` / `sieve demo` / `sieve eval` give the index a BM25 part (retriever bm25 and hybrid).")
+    lexical_language: str = Field("english", description="BM25 analyzer: stop words and PyStemmer stemmer of this language; 'none' = lower-cased tokens only.")
+    hybrid_depth: int = Field(100, ge=1, description="Hybrid retriever: the top N of the bi-encoder and of BM25 that are fused.")
+    rrf_k: float = Field(60.0, gt=0, description="Reciprocal-rank fusion constant: each list adds weight / (rrf_k + rank).")
+    hybrid_weight_be: float = Field(1.0, ge=0, description="Weight of the bi-encoder list in the fusion.")
+    hybrid_weight_bm25: float = Field(1.0, ge=0, description="Weight of the BM25 list in the fusion.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
     cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped in checkpoints/cmc; 'untrained' = identity CMC (ranks as the bi-encoder).")
@@ -119,6 +126,12 @@ class Settings(BaseSettings):
         trained = trained_lengths(path)
         return PairLengths(self.ce_query_max_length or trained.query_max_length,
                            self.ce_max_length or trained.max_length)
+
+    def lexical_config(self) -> "LexicalConfig | None":
+        """What a new index's BM25 part is built with; None = no lexical part."""
+        from index.lexical import LexicalConfig
+
+        return LexicalConfig(language=self.lexical_language) if self.lexical_enabled else None
 
     def keys(self) -> set[str]:
         """Every accepted API key (settings and file); empty = no authentication."""

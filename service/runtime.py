@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from index import SearchIndex
 from pipeline.batching import BatchConfig
+from pipeline.first_stage import HybridConfig
 from service.config import Settings
 
 
@@ -11,8 +12,10 @@ def searcher_options(settings: Settings) -> dict:
     batching = BatchConfig(enabled=settings.batching, max_size=settings.batch_max_size,
                            max_wait_ms=settings.batch_max_wait_ms, cmc_candidates=settings.cmc_batch_candidates,
                            ce_tokens=settings.ce_batch_tokens, direct_workers=settings.max_inflight)
+    hybrid = HybridConfig(depth=settings.hybrid_depth, rrf_k=settings.rrf_k, weight_be=settings.hybrid_weight_be,
+                          weight_bm25=settings.hybrid_weight_bm25)
     return {"query_overflow": settings.query_overflow, "batching": batching,
-            "stage_budgets_ms": settings.stage_budgets_ms}
+            "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:

@@ -27,7 +27,10 @@ class DocumentOut(Reply):
 
 
 class StageScores(Reply):
-    retrieve: float | None = Field(None, description="Bi-encoder inner product.")
+    retrieve: float | None = Field(None, description="Score the first stage ranked by: bi-encoder inner product (be), "
+                                   "BM25 (bm25) or the reciprocal-rank fusion score (hybrid).")
+    be: float | None = Field(None, description="Hybrid: the bi-encoder inner product of this candidate.")
+    bm25: float | None = Field(None, description="bm25 / hybrid: the BM25 score of this candidate (0 = no query term).")
     cmc: float | None = Field(None, description="CMC score (null when CMC did not score this candidate).")
     ce: float | None = Field(None, description="Cross-encoder logit (null when the CE did not score it).")
     mix: float | None = Field(None, description="MixEncoder cosine (null when it did not score this candidate).")
@@ -64,9 +67,11 @@ class SearchRequest(Strict):
     return_documents: bool = Field(False, description="Include each result's title and text.")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: a rerank "
                                    "stage that does not fit is skipped (partial: true); default SIEVE_DEFAULT_TIMEOUT_MS.")
-    retriever: Literal["be", "anncur"] = Field("be", description="be: bi-encoder + FAISS; anncur: the cross-encoder "
-                                               "itself, scored against k_i anchor documents, then MIPS over the annCUR "
-                                               "index (SIEVE_ANNCUR_DIR); with cross_encoder true it reranks exactly.")
+    retriever: Literal["be", "bm25", "hybrid", "anncur"] | None = Field(
+        None, description="be: bi-encoder + FAISS; bm25: BM25 over title + text (the index's lexical part); hybrid: "
+        "the top SIEVE_HYBRID_DEPTH of each fused by reciprocal rank; anncur: the cross-encoder itself, scored against "
+        "k_i anchor documents, then MIPS over the annCUR index (SIEVE_ANNCUR_DIR). Unset = hybrid when the index has "
+        "a lexical part, else be.")
 
     @model_validator(mode="before")
     @classmethod
@@ -94,6 +99,8 @@ class SearchTimings(Reply):
     be_encode: float | None = Field(None, description="Bi-encoder query encoding, ms.")
     cmc_encode: float | None = Field(None, description="CMC query encoding (concurrent with be_encode), ms.")
     mips: float | None = Field(None, description="FAISS inner-product search, ms.")
+    bm25: float | None = Field(None, description="BM25 scoring of the lexical part, ms.")
+    fuse: float | None = Field(None, description="Hybrid: reciprocal-rank fusion and the candidates' first-stage scores, ms.")
     cmc: float | None = Field(None, description="CMC over the retrieved candidates, ms.")
     ce: float | None = Field(None, description="Cross-encoder over the top cmc_k, ms.")
     mix: float | None = Field(None, description="MixEncoder: its query encoding and the candidates' interaction, ms.")

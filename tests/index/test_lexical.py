@@ -1,0 +1,147 @@
+"""The BM25 part of an index version: scores, analyzer, and that it moves with the dense part on every write."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index import Document, SearchIndex, add_documents, apply_changes, build_index, delete_documents
+from index.lexical import LexicalConfig, top_positive
+from index.layout import read_current
+
+from .conftest import make_docs
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = [Document("d0", "", "apple banana apple"), Document("d1", "", "banana cherry"),
+       Document("d2", "", "cherry cherry cherry date"), Document("d3", "", "elderberry")]
+PLAIN = LexicalConfig(language="none")  # no stemming, no stop words: the terms are the words
+
+
+def hand_bm25(docs: list[list[str]], query: list[str], k1=1.5, b=0.75) -> list[float]:
+    """Lucene's BM25 (bm25s's default): idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf / (tf + k1 (1 - b + b dl/avgdl))."""
+    n, avgdl = len(docs), sum(map(len, docs)) / len(docs)
+    out = []
+    for doc in docs:
+        score = 0.0
+        for term in query:
+            df = sum(term in d for d in docs)
+            tf = doc.count(term)
+            if tf:
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                score += idf * tf / (tf + k1 * (1 - b + b * len(doc) / avgdl))
+        out.append(score)
+    return out
+
+
+@pytest.fixture()
+def toy(tmp_path, encoder):
+    build_index(TOY, encoder, tmp_path / "toy", progress=False, lexical=PLAIN)
+    with SearchIndex.load(tmp_path / "toy") as index:
+        yield index
+
+
+def test_scores_match_hand_computed_bm25(toy):
+    words = [d.text.split() for d in TOY]
+    for query in ("banana", "cherry apple", "date elderberry banana"):
+        expected = hand_bm25(words, query.split())
+        assert toy.lexical_scores(query) == pytest.approx(expected, rel=1e-5)
+        scores, rows = toy.search_lexical(query, 10)
+        positive = [r for r in np.argsort([-e for e in expected], kind="stable") if expected[r] > 0]
+        assert rows.tolist() == positive and scores == pytest.approx([expected[r] for r in positive], rel=1e-5)
+
+
+def test_unknown_terms_score_nothing(toy):
+    assert toy.search_lexical("zucchini", 5)[1].tolist() == []
+    assert not toy.lexical_scores("zucchini").any()
+
+
+def test_english_analyzer_stems_and_drops_stop_words(tmp_path, encoder):
+    docs = [Document("a", "Volcanoes", "Magma erupted from the volcano."), Document("b", "", "The the the and of")]
+    build_index(docs, encoder, tmp_path / "en", progress=False)  # default: english
+    with SearchIndex.load(tmp_path / "en") as index:
+        assert index.manifest.lexical["language"] == "english"
+        assert index.search_lexical("erupting volcanoes", 5)[1].tolist() == [0]  # stems meet
+        assert index.search_lexical("the of and", 5)[1].tolist() == []  # stop words only
+
+
+def test_unknown_language_is_refused_before_encoding(tmp_path, encoder):
+    with pytest.raises(ValueError, match="no stemmer"):
+        build_index(TOY, encoder, tmp_path / "x", progress=False, lexical=LexicalConfig(language="klingon"))
+    assert not (tmp_path / "x" / "CURRENT").exists()
+
+
+def test_an_index_without_lexical_part_says_so(tmp_path, encoder):
+    build_index(TOY, encoder, tmp_path / "dense", progress=False, lexical=None)
+    with SearchIndex.load(tmp_path / "dense") as index:
+        assert not index.has_lexical
+        with pytest.raises(ValueError, match="no lexical part"):
+            index.search_lexical("banana", 3)
+
+
+def test_top_positive_keeps_ties_in_row_order():
+    scores = np.array([0.0, 2.0, 1.0, 2.0, 2.0], dtype=np.float32)
+    assert top_positive(scores, 2)[1].tolist() == [1, 3]
+    assert top_positive(scores, 10)[1].tolist() == [1, 3, 4, 2]
+
+
+def test_every_write_keeps_lexical_and_dense_in_step(tmp_path, encoder):
+    path = tmp_path / "live"
+    build_index(TOY, encoder, path, progress=False, lexical=PLAIN)
+    add_documents(path, [Document("d4", "", "fig banana"), Document("d1", "", "grape")], {"primary": encoder})
+    delete_documents(path, ["d0"])
+    apply_changes(path, [Document("d5", "", "fig fig")], ["d2"], {"primary": encoder})
+    with SearchIndex.load(path) as index:
+        ids = index.ids(range(index.size))
+        assert ids == ["d1", "d3", "d4", "d5"]
+        assert [ids[r] for r in index.search_lexical("fig", 5)[1]] == ["d5", "d4"]
+        assert index.search_lexical("apple cherry", 5)[1].tolist() == []  # d0 and d2 are gone from both parts
+        assert [ids[r] for r in index.search_lexical("grape banana", 5)[1]] == ["d1", "d4"]
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    import index.{module} as target
+    from index import Document, apply_changes
+    from tests.index.conftest import FakeEncoder
+
+    real = target.{function}
+    def killed(*args, **kwargs):
+        real(*args, **kwargs) if {after!r} else None
+        os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no exception handler, no cleanup runs
+    target.{function} = killed
+    apply_changes({path!r}, [Document("new", "", "zebra quokka")], ["d1"], {{"primary": FakeEncoder()}})
+""")
+
+
+@pytest.mark.parametrize("module,function,after", [
+    ("writer", "write_lexical", False),  # dense files staged, BM25 not yet written
+    ("writer", "write_lexical", True),  # both staged, nothing published
+    ("layout", "_switch_current", False),  # the new version renamed into place, CURRENT not switched
+])
+def test_a_killed_writer_leaves_both_parts_old(tmp_path, module, function, after):
+    from .conftest import FakeEncoder
+
+    path = tmp_path / "killed"
+    docs = make_docs(50)
+    build_index(docs, FakeEncoder(), path, progress=False)
+    script = KILLED_WRITER.format(repo=str(REPO), module=module, function=function, after=after, path=str(path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert read_current(path) == "v000001"
+    with SearchIndex.load(path) as index:
+        assert index.version == 1 and index.size == 50 and index.has_id("d1") and not index.has_id("new")
+        assert index.search_lexical("zebra quokka", 5)[1].tolist() == []
+        assert index.ids(index.search_lexical(docs[1].text, 1)[1]) == ["d1"]
+    # the next write goes through and moves both parts
+    apply_changes(path, [Document("new", "", "zebra quokka")], ["d1"], {"primary": FakeEncoder()})
+    with SearchIndex.load(path) as index:
+        assert index.ids(index.search_lexical("zebra quokka", 5)[1]) == ["new"] and not index.has_id("d1")
+        assert os.path.isdir(index.index_dir / "versions" / f"v{index.version:06d}" / "bm25")

@@ -1,0 +1,82 @@
+"""BM25 and hybrid first stages through the real Searcher over the demo index (packaged bi-encoder, real BM25)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from index import SearchIndex, build_index, read_beir_corpus
+from pipeline.errors import StageUnavailable
+from pipeline.first_stage import HybridConfig, rrf_fuse
+from pipeline.searcher import SearchParams, Searcher
+from tests.conftest import DEMO_CORPUS
+
+QUERY = "how do volcanoes erupt"
+
+
+def test_rrf_is_the_weighted_sum_of_reciprocal_ranks():
+    rows, scores = rrf_fuse([np.array([7, 3, 5]), np.array([3, 9])], [1.0, 2.0], k=10)
+    expected = {7: 1 / 11, 3: 1 / 12 + 2 / 11, 5: 1 / 13, 9: 2 / 12}
+    assert rows.tolist() == sorted(expected, key=lambda r: -expected[r])
+    assert scores == pytest.approx([expected[r] for r in rows.tolist()])
+
+
+def test_rrf_ties_keep_first_appearance():
+    rows, _ = rrf_fuse([np.array([1, 2]), np.array([2, 1])], [1.0, 1.0])
+    assert rows.tolist() == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def searcher(demo_index_dir, biencoder):
+    with SearchIndex.load(demo_index_dir) as index:
+        s = Searcher(biencoder, index, hybrid=HybridConfig(depth=20))
+        yield s
+        s.close()
+
+
+def test_unset_retriever_is_hybrid_on_an_index_with_a_lexical_part(searcher):
+    out = searcher.search(SearchParams(QUERY, top_k=5, retrieve_k=30, rerank="none"))
+    assert out.state.ran == ["retrieve"] and {"be_encode", "mips", "bm25", "fuse"} <= set(out.state.timings_ms)
+    assert set(out.candidates.scores) == {"retrieve", "be", "bm25"}
+
+
+def test_hybrid_is_the_rrf_of_the_two_lists(searcher, biencoder):
+    index = searcher.index
+    be = searcher.search(SearchParams(QUERY, top_k=20, retrieve_k=20, rerank="none", retriever="be"))
+    bm25 = searcher.search(SearchParams(QUERY, top_k=20, retrieve_k=20, rerank="none", retriever="bm25"))
+    hybrid = searcher.search(SearchParams(QUERY, top_k=30, retrieve_k=30, rerank="none", retriever="hybrid"))
+    rows, fused = rrf_fuse([be.candidates.rows, bm25.candidates.rows], [1.0, 1.0])
+    assert hybrid.candidates.rows.tolist() == rows[:30].tolist()
+    assert hybrid.candidates.scores["retrieve"] == pytest.approx(fused[:30])
+    # every candidate carries both first-stage scores, also the ones a list did not contain
+    vector = biencoder.encode_queries([QUERY])[0].numpy()
+    expected_be = index.embeddings(hybrid.candidates.rows) @ vector
+    assert hybrid.candidates.scores["be"] == pytest.approx(expected_be, abs=1e-4)
+    assert hybrid.candidates.scores["bm25"] == pytest.approx(index.lexical_scores(QUERY)[hybrid.candidates.rows])
+    assert "volcano" in " ".join(d.full_text.lower() for d in index.documents(hybrid.candidates.rows[:2]))
+
+
+def test_bm25_alone_needs_no_query_vector(searcher):
+    out = searcher.search(SearchParams(QUERY, top_k=3, retrieve_k=16, rerank="none", retriever="bm25"))
+    assert "be_encode" not in out.state.timings_ms and "bm25" in out.state.timings_ms
+    assert np.all(np.diff(out.candidates.scores["bm25"]) <= 0)
+
+
+def test_bm25_with_no_matching_term_answers_empty(searcher):
+    out = searcher.search(SearchParams("qwertyuiop zxcvbnm", top_k=3, retrieve_k=16, rerank="none",
+                                       retriever="bm25"))
+    assert len(out.candidates) == 0 and any("BM25 found nothing" in w for w in out.state.warnings)
+
+
+def test_lexical_retrievers_are_refused_on_a_dense_only_index(tmp_path, biencoder, cache_dir):
+    build_index(read_beir_corpus(DEMO_CORPUS), biencoder, tmp_path / "dense", cache_dir=cache_dir,
+                progress=False, lexical=None)
+    with SearchIndex.load(tmp_path / "dense") as index:
+        s = Searcher(biencoder, index)
+        try:
+            assert s.search(SearchParams(QUERY, top_k=3, retrieve_k=16, rerank="none")).state.ran == ["retrieve"]
+            assert "bm25" not in s.search(SearchParams(QUERY, retrieve_k=16, rerank="none")).state.timings_ms
+            for retriever in ("bm25", "hybrid"):
+                with pytest.raises(StageUnavailable, match="no lexical"):
+                    s.search(SearchParams(QUERY, retrieve_k=16, rerank="none", retriever=retriever))
+        finally:
+            s.close()
