@@ -39,7 +39,7 @@ def main() -> None:
     runs = {"be": {}, "be+cmc": {}}
     for qid in test:
         for name, rerank in (("be", "none"), ("be+cmc", "cmc")):
-            out = searcher.search(SearchParams(queries[qid], top_k=10, retrieve_k=512, rerank=rerank))
+            out = searcher.search(SearchParams(queries[qid], top_k=10, retrieve_k=512, rerank=rerank, retriever="be"))
             runs[name][qid] = searcher.index.ids(out.candidates.rows)
     groups = {"all": test,
               "seen": {q: j for q, j in test.items() if relevant({q: j}) & seen_docs},

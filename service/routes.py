@@ -86,13 +86,15 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     searcher = components.searcher
     fresh = "no-cache" in request.headers.get("cache-control", "").lower()
     retriever = body.retriever or searcher.default_retriever(searcher.index)
+    rerank = body.rerank or ("none" if retriever == "anncur" else settings.default_rerank)
     use_ce = body.cross_encoder if body.cross_encoder is not None else \
-        searcher.serves_cross_encoder(retriever, body.ce_model)
-    params = SearchParams(body.query, body.top_k, body.retrieve_k, body.rerank, body.cmc_k, use_ce,
+        settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
+    params = SearchParams(body.query, body.top_k, body.retrieve_k, rerank, body.cmc_k, use_ce,
                           timeout_of(body, settings), retriever=retriever, ce_model=body.ce_model,
                           use_cache=not fresh)
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "cross_encoder": use_ce, "retriever": retriever,
+                                                            "rerank": rerank,
                                                             "server": caches.fingerprint}
     hit = None
     if caches.results and not fresh:

@@ -54,14 +54,14 @@ class SearchRequest(Strict):
     query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
     retrieve_k: int = Field(512, ge=1, description="Candidates the retriever returns (clamped to the index size).")
-    rerank: Literal["cmc", "mix", "none"] = Field("cmc", description="Rerank the retrieved candidates with CMC, the "
-                                                 "MixEncoder (SIEVE_MIX_PATH), or not (default none with retriever "
-                                                 "anncur, which CMC cannot rerank).")
+    rerank: Literal["cmc", "mix", "none"] | None = Field(
+        None, description="Rerank the retrieved candidates with CMC, the MixEncoder (SIEVE_MIX_PATH), or not. Unset = "
+        "SIEVE_DEFAULT_RERANK (none with retriever anncur, which CMC cannot rerank).")
     cmc_k: int = Field(16, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
                        "(with retriever anncur: besides the anchors).")
     cross_encoder: bool | None = Field(None, description="Rerank the top cmc_k with the cross-encoder (4xx when none is "
-                                       "configured); unset = on when the server has the chosen ce_model and retriever "
-                                       "is be, so a server with the shipped cross-encoder answers BE -> CMC -> CE.")
+                                       "configured); unset = SIEVE_DEFAULT_CROSS_ENCODER, and only when the server "
+                                       "has the chosen ce_model and the retriever is not anncur.")
     ce_model: Literal["ce", "ce_late"] = Field("ce", description="Which cross-encoder: ce (SIEVE_CROSS_ENCODER_PATH) or "
                                                "ce_late, the late-interaction one (SIEVE_LATE_CE_PATH).")
     return_documents: bool = Field(False, description="Include each result's title and text.")
@@ -72,13 +72,6 @@ class SearchRequest(Strict):
         "the top SIEVE_HYBRID_DEPTH of each fused by reciprocal rank; anncur: the cross-encoder itself, scored against "
         "k_i anchor documents, then MIPS over the annCUR index (SIEVE_ANNCUR_DIR). Unset = hybrid when the index has "
         "a lexical part, else be.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def anncur_reranks_with_no_cmc(cls, data):
-        if isinstance(data, dict) and data.get("retriever") == "anncur" and "rerank" not in data:
-            return {**data, "rerank": "none"}
-        return data
 
     @model_validator(mode="after")
     def top_k_within_retrieve_k(self):

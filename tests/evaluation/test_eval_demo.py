@@ -118,7 +118,7 @@ def test_table2_scores_each_pair_once_and_agrees_with_the_search_pipeline(demo_b
     assert rows[("be", None, 4)]["ce_time_vs_be64"] < rows[("be", None, 8)]["ce_time_vs_be64"] < 1.0
     # reference: the same configuration through Searcher.search's own CE stage
     rankings = {qid: demo_searcher.index.ids(demo_searcher.search(SearchParams(
-        text, top_k=10, retrieve_k=60, rerank="none", cmc_k=8, cross_encoder=True)).candidates.rows)
+        text, top_k=10, retrieve_k=60, rerank="none", cmc_k=8, cross_encoder=True, retriever="be")).candidates.rows)
         for qid, text in data.queries.items()}
     assert rows[("be", None, 8)]["ndcg@10"] == pytest.approx(mean_metric(ndcg_at_k, rankings, data.qrels, 10))
     assert np.isfinite([r["ce_ms_mean"] for r in table["rows"]]).all()

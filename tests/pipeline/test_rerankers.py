@@ -111,7 +111,7 @@ def searcher(mix_index, biencoder, tiny_mix, tiny_late):
 
 
 def test_searcher_runs_the_mix_and_late_stages_on_request(searcher, tiny_mix):
-    out = searcher.search(SearchParams(QUERY, top_k=5, retrieve_k=30, rerank="mix", cmc_k=8, cross_encoder=True,
+    out = searcher.search(SearchParams(QUERY, top_k=5, retrieve_k=30, rerank="mix", cmc_k=8, cross_encoder=True, retriever="be",
                                        ce_model="ce_late"))
     assert out.state.ran == ["retrieve", "mix", "ce_late"] and out.final_stage == "ce_late"
     assert out.state.counts == {"retrieve": 30, "mix": 30, "ce_late": 8}

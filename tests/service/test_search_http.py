@@ -38,8 +38,8 @@ def test_search_finds_the_topic_and_reports_every_stage(client):
 
 
 def test_untrained_cmc_keeps_the_biencoder_order(client):
-    with_cmc = search(client, query="jazz improvisation", top_k=10, rerank="cmc")
-    without = search(client, query="jazz improvisation", top_k=10, rerank="none")
+    with_cmc = search(client, query="jazz improvisation", top_k=10, rerank="cmc", retriever="be")
+    without = search(client, query="jazz improvisation", top_k=10, rerank="none", retriever="be")
     assert [r["id"] for r in with_cmc["results"]] == [r["id"] for r in without["results"]]
     assert without["results"][0]["scores"]["cmc"] is None
     for r in with_cmc["results"]:
