@@ -361,7 +361,7 @@ def test_grafana_is_provisioned_with_the_dashboard_and_the_prometheus_datasource
     assert uids == {datasource["uid"]}
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("p50", "p95", "p99", "requests per second", "status code", "cache hit", "batch size", "candidates",
-                  "partial"):
+                  "partial", "bm25"):
         assert topic in titles, f"the dashboard has no panel about {topic}"
 
 

@@ -70,7 +70,7 @@ def test_metrics_expose_stage_latency_requests_candidates_and_index_size(client)
     before = client.get("/metrics").text
     search(client, query="metrics probe: database transactions", top_k=3)  # a query no other test sends: no cache hit
     text = client.get("/metrics").text
-    for stage in ("be_encode", "mips", "cmc", "total"):
+    for stage in ("be_encode", "mips", "bm25", "fuse", "cmc", "total"):  # the default retriever is hybrid
         assert f'sieve_stage_latency_seconds_count{{stage="{stage}"}}' in text
         assert stage_count(text, stage) == stage_count(before, stage) + 1
     # the untrained CMC's query tower is the bi-encoder itself: a search encodes the query once, so it adds no
@@ -89,3 +89,20 @@ def test_openapi_describes_every_field(client):
                     for field, spec in schema.get("properties", {}).items() if not spec.get("description")]
     assert not undocumented, f"fields without a description: {undocumented}"
     assert client.get("/docs").status_code == 200
+
+
+def test_the_default_retriever_is_hybrid_and_each_first_stage_is_selectable(client):
+    """The demo index has a BM25 part: unset = hybrid (both first-stage scores on every hit); be and bm25 on ask."""
+    query = "metamorphic rock under heat and pressure"
+    hybrid = search(client, query=query, top_k=5, rerank="none")
+    assert hybrid["stages"] == ["retrieve"] and all(hybrid["timings_ms"][k] > 0 for k in ("mips", "bm25", "fuse"))
+    for hit in hybrid["results"]:
+        assert hit["scores"]["be"] is not None and hit["scores"]["bm25"] is not None
+    assert hybrid["results"][0]["score"] == hybrid["results"][0]["scores"]["retrieve"] <= 2 / 61  # an RRF score
+    be = search(client, query=query, top_k=5, rerank="none", retriever="be")
+    assert be["timings_ms"]["bm25"] is None and be["results"][0]["scores"]["bm25"] is None
+    bm25 = search(client, query="lava volcano eruption", top_k=5, rerank="none", retriever="bm25", return_documents=True)
+    assert bm25["timings_ms"]["be_encode"] is None and bm25["timings_ms"]["bm25"] > 0
+    assert "volcan" in (bm25["results"][0]["document"]["title"] + bm25["results"][0]["document"]["text"]).lower()
+    nothing = search(client, query="zzyzx qwxq", top_k=5, rerank="none", retriever="bm25")
+    assert nothing["results"] == [] and any("BM25 found nothing" in w for w in nothing["warnings"])
