@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     args.command_line = shlex.join(["sieve", *argv])  # recorded in model cards and result files
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise to users
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # a DEBUG line per BM25 build
     settings = settings_from(args)
     try:
         args.func(args, settings)
