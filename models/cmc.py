@@ -21,6 +21,7 @@ class CMCConfig:
     n_heads: int = 6
     ffn_mult: int = 4
     dropout: float = 0.1
+    evidence: int = 0  # per-candidate first-stage features (pipeline/evidence.py); 0 = the paper's CMC
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -64,6 +65,30 @@ class CMCLayer(nn.Module):
         return x + self.gate * h
 
 
+class Evidence(nn.Module):
+    """What CMC adds when candidates arrive with first-stage evidence (beyond the paper): feature 0 is the
+    first-stage prior (higher = ranked higher), the rest are scores and ranks from each retriever.
+
+    The features are embedded and added to the candidate vectors, and the score is
+        prior_weight * prior + <w, features> + cmc_weight * <q', c'>.
+    Every new parameter starts at zero except prior_weight (1), so an untrained model ranks exactly as the first
+    stage did; training learns a fusion of the features and how much the attention layers may move it."""
+
+    def __init__(self, cfg: CMCConfig):
+        super().__init__()
+        self.embed = nn.Linear(cfg.evidence, cfg.dim)
+        self.linear = nn.Linear(cfg.evidence, 1)
+        for layer in (self.embed, self.linear):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        self.prior_weight = nn.Parameter(torch.ones(()))
+        self.cmc_weight = nn.Parameter(torch.zeros(()))
+
+    def score(self, features: torch.Tensor, interaction: torch.Tensor) -> torch.Tensor:
+        """features (B, K, F), interaction <q', c'> (B, K) -> (B, K)."""
+        return self.prior_weight * features[..., 0] + self.linear(features).squeeze(-1) + self.cmc_weight * interaction
+
+
 class CMC(nn.Module):
     """Scores candidates in the context of each other. Pure tensor function."""
 
@@ -71,14 +96,21 @@ class CMC(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(CMCLayer(cfg) for _ in range(cfg.n_layers))
+        self.evidence = Evidence(cfg) if cfg.evidence else None
 
-    def forward(self, query: torch.Tensor, candidates: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """query (B, d), candidates (B, K, d), mask (B, K) True for real candidates -> scores (B, K).
+    def forward(self, query: torch.Tensor, candidates: torch.Tensor, mask: torch.Tensor | None = None,
+                features: torch.Tensor | None = None) -> torch.Tensor:
+        """query (B, d), candidates (B, K, d), mask (B, K) True for real candidates, features (B, K, F) when the
+        model takes evidence (cfg.evidence = F) -> scores (B, K).
 
         Padded candidates get -inf and take no part in attention, so one batch holds queries with different K.
         """
         B, K, d = candidates.shape
         assert query.shape == (B, d), f"query {tuple(query.shape)} does not match candidates {tuple(candidates.shape)}"
+        if self.evidence is not None:
+            assert features is not None and features.shape == (B, K, self.cfg.evidence), \
+                f"this CMC takes {self.cfg.evidence} evidence features per candidate"
+            candidates = candidates + self.evidence.embed(features)
         x = torch.cat([query.unsqueeze(1), candidates], dim=1)  # (B, 1+K, d)
         attn_mask = None
         if mask is not None and not bool(mask.all()):
@@ -88,6 +120,8 @@ class CMC(nn.Module):
         for layer in self.layers:
             x = layer(x, attn_mask)
         scores = torch.einsum("bd,bkd->bk", x[:, 0], x[:, 1:])  # (B, K)
+        if self.evidence is not None:
+            scores = self.evidence.score(features, scores)
         if attn_mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores

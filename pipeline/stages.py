@@ -22,6 +22,7 @@ import torch
 from models.cmc_checkpoint import CMCBundle
 from models.cross_encoder import CrossEncoder
 from pipeline.candidates import Candidates
+from pipeline.evidence import bm25_of, features
 from pipeline.packing import chunks_under_budget, expired, pad_candidates, trim_to_longest
 from pipeline.state import QueryState
 
@@ -83,18 +84,26 @@ class CMCRerank:
 
     def prepare(self, state: QueryState) -> tuple:
         state.counts[self.name] = len(state.candidates)
-        return state.query_vectors["cmc"], self.candidate_vectors(state.candidates), state.deadline
+        query, vectors = state.query_vectors["cmc"], self.candidate_vectors(state.candidates)
+        evidence = None
+        if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
+            be = vectors @ query.float().cpu().numpy()
+            evidence = features(be, bm25_of(state.candidates, self.index, state.query))
+        return query, vectors, state.deadline, evidence
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
         results: list[np.ndarray | None] = [None] * len(items)
         device = self.bundle.query_tower.device
-        for chunk in chunks_under_budget([len(v) for _, v, _ in items], self.batch_candidates):
+        for chunk in chunks_under_budget([len(item[1]) for item in items], self.batch_candidates):
             chunk = [i for i in chunk if not expired(items[i][2])]
             if not chunk:
                 continue
             query, cands, mask = pad_candidates([items[i][0] for i in chunk], [items[i][1] for i in chunk], device)
+            evidence = None
+            if self.bundle.config.evidence:
+                _, evidence, _ = pad_candidates([items[i][0] for i in chunk], [items[i][3] for i in chunk], device)
             with torch.inference_mode():
-                scores = self.bundle.model(query, cands, mask).float().cpu().numpy()  # (B, K)
+                scores = self.bundle.model(query, cands, mask, evidence).float().cpu().numpy()  # (B, K)
             for b, i in enumerate(chunk):
                 results[i] = scores[b, :len(items[i][1])]
         return results

@@ -1,7 +1,7 @@
 """`sieve train ...` sub-commands; each trainer module registers its own parser."""
 from __future__ import annotations
 
-from training import ce_cli, cmc_cli, mix_cli
+from training import ce_cli, cmc_cli, fusion_cli, mix_cli
 
 
 def register(sub) -> None:
@@ -10,3 +10,4 @@ def register(sub) -> None:
     cmc_cli.register(commands)
     ce_cli.register(commands)
     mix_cli.register(commands)
+    fusion_cli.register(commands)

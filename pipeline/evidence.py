@@ -1,0 +1,46 @@
+"""First-stage evidence per candidate, for a CMC that fuses it (models/cmc.py `Evidence`).
+
+The same function builds the features at serving time (pipeline/stages.py) and in training (training/fusion.py),
+so a model never sees features computed differently from the ones it learned on. Features, per candidate of a
+list in first-stage order:
+  prior      -log(1 + position in the first stage's order): the order CMC starts from
+  be_rank    -log(1 + rank by the inner product of the query and candidate vectors within the list)
+  bm25_rank  -log(1 + rank by BM25 within the list)
+  be         the inner product itself
+  bm25_norm  BM25 / the list's largest BM25 (0 when no candidate shares a term with the query)
+  bm25_hit   1 when the candidate shares a term with the query
+BM25 comes from the candidates' "bm25" column when the first stage computed it, else from the index's lexical
+part; texts outside the index (/rerank) and indexes without a lexical part have no BM25 evidence (zeros).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FEATURES = ("prior", "be_rank", "bm25_rank", "be", "bm25_norm", "bm25_hit")
+
+
+def rank_feature(values: np.ndarray) -> np.ndarray:
+    """-log(1 + rank), rank 0 for the largest value; ties share the order of appearance."""
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[np.argsort(-values, kind="stable")] = np.arange(len(values))
+    return -np.log1p(ranks)
+
+
+def features(be: np.ndarray, bm25: np.ndarray) -> np.ndarray:
+    """be, bm25: (K,) scores of a list in first-stage order -> (K, len(FEATURES)) float32."""
+    be, bm25 = np.asarray(be, dtype=np.float64), np.nan_to_num(np.asarray(bm25, dtype=np.float64))
+    top = bm25.max(initial=0.0)
+    columns = [-np.log1p(np.arange(len(be))), rank_feature(be), rank_feature(bm25), be,
+               bm25 / top if top > 0 else np.zeros_like(bm25), (bm25 > 0).astype(np.float64)]
+    return np.stack(columns, axis=1).astype(np.float32)
+
+
+def bm25_of(candidates, index, query: str) -> np.ndarray:
+    """The candidates' BM25 scores: their own column, else the index's lexical part, else zeros."""
+    if "bm25" in candidates.scores:
+        return candidates.scores["bm25"]
+    out = np.zeros(len(candidates), dtype=np.float32)
+    indexed = candidates.rows >= 0
+    if getattr(index, "has_lexical", False) and indexed.any():
+        out[indexed] = index.lexical_scores(query)[candidates.rows[indexed]]
+    return out
