@@ -73,14 +73,14 @@ class Authenticator:
 class LocalBuckets:
     """Token buckets per caller in this process (bounded: the oldest idle callers are forgotten)."""
 
-    def __init__(self, rate: float, burst: int, max_callers: int = 100_000):
-        self.rate, self.burst, self.max_callers = rate, burst, max_callers
+    def __init__(self, rate: float, burst: int, max_callers: int = 100_000, clock=time.monotonic):
+        self.rate, self.burst, self.max_callers, self.clock = rate, burst, max_callers, clock
         self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self.lock = threading.Lock()
 
     def take(self, caller: str) -> float:
         """0 when allowed, else the seconds until a token is there."""
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             tokens, ts = self.buckets.pop(caller, (self.burst, now))
             tokens = min(self.burst, tokens + (now - ts) * self.rate)
@@ -92,9 +92,10 @@ class LocalBuckets:
 
 
 class RateLimiter:
-    def __init__(self, rate: float | None, burst: int, redis_store=None):
+    def __init__(self, rate: float | None, burst: int, redis_store=None, clock=time.monotonic):
+        """`clock`: the in-process buckets' time source (a test's own, to step time instead of sleeping)."""
         self.rate, self.burst, self.redis = rate, burst, redis_store
-        self.local = LocalBuckets(rate, burst) if rate else None
+        self.local = LocalBuckets(rate, burst, clock=clock) if rate else None
         self.script = redis_store.client.register_script(TOKEN_BUCKET_LUA) if rate and redis_store else None
 
     def check(self, caller: str) -> None:

@@ -16,13 +16,13 @@ def error_code(response, status: int) -> str:
     return response.json()["error"]["code"]
 
 
-def test_keys_are_required_checked_and_never_logged(guarded_server):
+def test_keys_are_required_checked_and_never_logged(guarded_server, fresh_key):
     with guarded_server.client() as client:
         assert error_code(client.post("/search", json={"query": "x"}), 401) == "unauthorized"
         wrong = client.post("/search", json={"query": "x"}, headers=auth("not-a-key"))
         assert error_code(wrong, 401) == "unauthorized" and wrong.headers["www-authenticate"] == "Bearer"
         assert error_code(client.post("/search", json={"query": "x"}, headers={"Authorization": "Basic abc"}), 401)
-        for key in (API_KEYS[1], API_KEYS[3]):  # one from SIEVE_API_KEYS, one from SIEVE_API_KEYS_FILE
+        for key in (fresh_key("env"), fresh_key("file")):  # one from SIEVE_API_KEYS, one from SIEVE_API_KEYS_FILE
             assert client.post("/search", json={"query": "bread"}, headers=auth(key)).status_code == 200
         assert error_code(client.post("/admin/index/reload"), 401) == "unauthorized"
         assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200  # probes open
@@ -31,12 +31,11 @@ def test_keys_are_required_checked_and_never_logged(guarded_server):
     assert not any(key in log for key in API_KEYS), "an API key reached the log"
 
 
-def test_rate_limit_answers_429_with_retry_after_and_refills(guarded_server, redis_prefix):
+def test_rate_limit_answers_429_with_retry_after_and_refills(guarded_server, redis_prefix, fresh_key):
     """40 requests at once against a bucket of 5 refilled at 5/s: never more than the bucket allows get through."""
     redis = redis_or_skip()
-    key = auth(API_KEYS[2])
+    key = auth(fresh_key())  # a key no other test spent: its bucket starts full
     with guarded_server.client() as client:
-        time.sleep(1.2)  # a full bucket to start from
         started = time.monotonic()
         with ThreadPoolExecutor(40) as pool:
             responses = list(pool.map(lambda _: client.get("/documents/astro-1", headers=key), range(40)))
@@ -47,23 +46,24 @@ def test_rate_limit_answers_429_with_retry_after_and_refills(guarded_server, red
         assert len(ok) <= 5 + 5 * elapsed + 1, f"{len(ok)} passed in {elapsed:.1f} s through a 5/s bucket of 5"
         assert limited, f"no 429 although 40 requests came in {elapsed:.1f} s"
         assert limited[0].json()["error"]["code"] == "rate_limited" and int(limited[0].headers["retry-after"]) >= 1
-        assert client.get("/documents/astro-1", headers=auth(API_KEYS[1])).status_code == 200  # other keys unaffected
+        assert client.get("/documents/astro-1", headers=auth(fresh_key())).status_code == 200  # other keys unaffected
         time.sleep(1.2)
         assert client.get("/documents/astro-1", headers=key).status_code == 200  # refilled
     assert list(redis.scan_iter(match=f"{redis_prefix}rl:*")), "the buckets live in Redis when it is configured"
 
 
-def test_body_size_limit(guarded_server):
+def test_body_size_limit(guarded_server, fresh_key):
+    key = auth(fresh_key())
     with guarded_server.client() as client:
         big = {"documents": [{"id": f"d{i}", "text": "x" * 1000} for i in range(100)]}  # ~110 KB > 64 KiB
-        assert error_code(client.post("/documents", json=big, headers=auth(API_KEYS[1])), 413) == "body_too_large"
+        assert error_code(client.post("/documents", json=big, headers=key), 413) == "body_too_large"
 
         def chunks():  # no Content-Length: the limit counts the bytes as they arrive
             yield b'{"query": "'
             for _ in range(100):
                 yield b"a" * 1000
             yield b'"}'
-        chunked = client.post("/search", content=chunks(), headers={**auth(API_KEYS[1]), "content-type": "application/json"})
+        chunked = client.post("/search", content=chunks(), headers={**key, "content-type": "application/json"})
         assert error_code(chunked, 413) == "body_too_large"
         assert client.get("/healthz").status_code == 200
 
