@@ -92,9 +92,11 @@ def scraped_after(prom: str, moment: float, timeout_s: float = 60) -> None:
 
 
 def last_scrape(prom: str) -> float:
-    target = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"][0]
-    stamp = target.get("lastScrape", "")
-    return iso_seconds(stamp) if target["health"] == "up" and stamp and not stamp.startswith("0001") else 0.0
+    """When the last successful scrape began (Unix time); 0 before the first (or while no target is listed yet)."""
+    targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    if not targets or targets[0]["health"] != "up" or targets[0]["lastScrape"].startswith("0001"):
+        return 0.0
+    return iso_seconds(targets[0]["lastScrape"])
 
 
 def iso_seconds(stamp: str) -> float:
