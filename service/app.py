@@ -17,7 +17,7 @@ from service.components import Components, load_components
 from service.config import Settings
 from service.errors import install_error_handlers
 from service.metrics import Metrics
-from service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter
+from service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter, scrub_access_log
 from service.routes import router
 from service.runtime import load_index
 from service.updates import IndexUpdater
@@ -64,6 +64,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
     state.auth = Authenticator(settings.keys())
+    scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
     encoders = {"primary": searcher.biencoder}
     if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:

@@ -145,7 +145,9 @@ def run_server(settings: Settings) -> None:
 
     components = load_components(settings)
     app = create_app(settings, loader=lambda _: components)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    # h11, not httptools: only h11 bounds the request line + headers (httptools buffers a header of any size)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, http="h11",
+                h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 def cmd_demo(args, settings: Settings) -> None:

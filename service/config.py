@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(20, ge=1, description="Token-bucket size: requests a key may send at once.")
     max_inflight: int = Field(64, ge=1, description="Requests in progress at once; past it, 429 at once.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body; larger = 413.")
+    max_header_bytes: int = Field(64 * 1024, ge=4096, description="Largest request line + headers; larger = 400 and the connection closed.")
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")

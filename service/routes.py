@@ -42,16 +42,23 @@ def get_caches(request: Request) -> Caches:
 
 
 def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored."""
+    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored. Failed
+    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty)."""
     state = request.app.state
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    address = request.client.host if request.client else "anonymous"
     try:
         caller = state.auth.identify(header)
     except Unauthorized:
         state.metrics.rejected.labels(reason="unauthorized").inc()
+        limit(state, f"auth-failed:{address}")
         raise
+    limit(state, caller or address)
+
+
+def limit(state, caller: str) -> None:
     try:
-        state.limiter.check(caller or (request.client.host if request.client else "anonymous"))
+        state.limiter.check(caller)
     except RateLimited:
         state.metrics.rejected.labels(reason="rate_limited").inc()
         raise

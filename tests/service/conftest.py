@@ -106,6 +106,16 @@ def fresh_key():
     return lambda source="env": next(_unused[source])
 
 
+_addresses = iter(f"127.0.{i // 250}.{2 + i % 250}" for i in range(250 * 200))
+
+
+@pytest.fixture()
+def fresh_address():
+    """`fresh_address()` -> a loopback address (127.0.x.y) no other test connects from: per-address buckets (calls
+    without a key, failed keys) are the test's own."""
+    return lambda: next(_addresses)
+
+
 @pytest.fixture(scope="session")
 def guarded_server(demo_index, tmp_path_factory, redis_prefix):
     """API keys, a Redis-backed cache and rate limit (5/s, burst 5 per key), a 64 KiB body limit, a writable index."""

@@ -62,7 +62,7 @@ def prometheus(guarded_server, tmp_path):
         log.close()
 
 
-def traffic(server, fresh_key) -> float:
+def traffic(server, fresh_key, fresh_address) -> float:
     """Every kind of request the panels show: searches (cache miss and hit), a partial answer, /rerank, a write,
     client errors and an unauthorised call. Each request under a key of its own, so the 5/s limit never answers
     instead. Returns when it ended (Unix time)."""
@@ -75,7 +75,8 @@ def traffic(server, fresh_key) -> float:
     with server.client() as client:
         for method, path, body in requests:
             getattr(client, method)(path, json=body, headers=auth(fresh_key()))
-        client.post("/search", json={"query": "no key"})
+    with server.client(local_address=fresh_address()) as stranger:  # failed keys spend the address's bucket
+        stranger.post("/search", json={"query": "no key"})
     return time.time()
 
 
@@ -124,9 +125,9 @@ def alert_rules() -> list[dict]:
     return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
 
 
-def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus, fresh_key):
-    scraped_after(prometheus, traffic(guarded_server, fresh_key))  # scrapes on both sides of the second traffic,
-    scraped_after(prometheus, traffic(guarded_server, fresh_key))  # so rate() has two samples that differ
+def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus, fresh_key, fresh_address):
+    scraped_after(prometheus, traffic(guarded_server, fresh_key, fresh_address))  # scrapes on both sides of the
+    scraped_after(prometheus, traffic(guarded_server, fresh_key, fresh_address))  # second traffic: rate() has data
     targets = httpx.get(f"{prometheus}/api/v1/targets").json()["data"]["activeTargets"]
     assert [t["health"] for t in targets] == ["up"], targets
     empty = [expr for expr in dashboard_expressions() if not query(prometheus, expr)]

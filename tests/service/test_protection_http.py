@@ -16,8 +16,8 @@ def error_code(response, status: int) -> str:
     return response.json()["error"]["code"]
 
 
-def test_keys_are_required_checked_and_never_logged(guarded_server, fresh_key):
-    with guarded_server.client() as client:
+def test_keys_are_required_checked_and_never_logged(guarded_server, fresh_key, fresh_address):
+    with guarded_server.client(local_address=fresh_address()) as client:  # its failed keys spend no one else's bucket
         assert error_code(client.post("/search", json={"query": "x"}), 401) == "unauthorized"
         wrong = client.post("/search", json={"query": "x"}, headers=auth("not-a-key"))
         assert error_code(wrong, 401) == "unauthorized" and wrong.headers["www-authenticate"] == "Bearer"
@@ -50,6 +50,48 @@ def test_rate_limit_answers_429_with_retry_after_and_refills(guarded_server, red
         time.sleep(1.2)
         assert client.get("/documents/astro-1", headers=key).status_code == 200  # refilled
     assert list(redis.scan_iter(match=f"{redis_prefix}rl:*")), "the buckets live in Redis when it is configured"
+
+
+def test_wrong_keys_are_rate_limited_per_client_address(guarded_server, fresh_key, fresh_address):
+    """40 guesses at once from one address: past the bucket (5, refilled at 5/s) they get 429, not another try."""
+    guesser = fresh_address()
+    with guarded_server.client(local_address=guesser) as client:
+        started = time.monotonic()
+        with ThreadPoolExecutor(40) as pool:
+            responses = list(pool.map(lambda i: client.get("/documents/astro-1", headers=auth(f"guess-{i}")), range(40)))
+        elapsed = time.monotonic() - started
+        refused = [r for r in responses if r.status_code == 401]
+        limited = [r for r in responses if r.status_code == 429]
+        assert len(refused) + len(limited) == 40, [r.status_code for r in responses]
+        assert len(refused) <= 5 + 5 * elapsed + 1, f"{len(refused)} guesses answered in {elapsed:.1f} s"
+        assert limited and limited[0].json()["error"]["code"] == "rate_limited", "wrong keys are not rate limited"
+        assert client.get("/documents/astro-1", headers=auth(fresh_key())).status_code == 200  # a real key still works
+    with guarded_server.client(local_address=fresh_address()) as other:  # the bucket is the guessing address's
+        assert error_code(other.get("/documents/astro-1", headers=auth("guess-x")), 401) == "unauthorized"
+
+
+def test_a_key_in_the_query_string_never_reaches_the_access_log(guarded_server, fresh_key):
+    secret, key = fresh_key(), auth(fresh_key())
+    with guarded_server.client() as client:
+        assert client.get(f"/documents/astro-1?api_key={secret}", headers=key).status_code == 200
+        assert error_code(client.post(f"/search?api_key={secret}&x=1", json={"query": "x"}), 401) == "unauthorized"
+    log = guarded_server.log_path.read_text()
+    assert '"GET /documents/astro-1?[query not logged] HTTP/1.1" 200' in log, "the access log lost the request"
+    assert secret not in log, "a key sent in the query string reached the log"
+
+
+def test_headers_past_the_limit_are_refused_and_the_server_goes_on(guarded_server, fresh_key):
+    """SIEVE_MAX_HEADER_BYTES (64 KiB): a 1 MB header is refused (400, or the connection closed while it is still
+    being sent), never served; an 8 KB header is served. The limit binds headers that arrive in more than one read;
+    one read (up to 256 KiB) is held anyway."""
+    key = auth(fresh_key())
+    with guarded_server.client() as client:
+        try:
+            status = client.get("/documents/astro-1", headers={**key, "X-Padding": "a" * 1_000_000}).status_code
+        except httpx.TransportError:
+            status = "closed"
+        assert status in (400, "closed"), f"a 1 MB header was answered {status}"
+        assert client.get("/documents/astro-1", headers={**key, "X-Padding": "a" * 8_000}).status_code == 200
 
 
 def test_body_size_limit(guarded_server, fresh_key):
