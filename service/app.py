@@ -46,15 +46,28 @@ def count_requests(app: FastAPI) -> None:
             app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
 
+def model_identity(model) -> list | None:
+    """Name, weights and token lengths of a model that can answer a request; None where it is not loaded."""
+    if model is None:
+        return None
+    lengths = getattr(model, "lengths", None)
+    return [getattr(model, "name", None), getattr(model, "weights_hash", None), repr(lengths) if lengths else None]
+
+
 def fingerprint(components: Components, settings: Settings) -> str:
-    """What the answers depend on beyond the request: cached results are only shared between identical servers."""
+    """What the answers depend on beyond the request and the index: cached results are only shared between servers
+    with the same models, every model a request can pick included (CMC, both cross-encoders, the MixEncoder, annCUR
+    and the annCUR index it searches)."""
     s = components.searcher
-    models = [getattr(m, "weights_hash", None) or getattr(m, "name", None)
-              for m in (s.biencoder, s.cmc and s.cmc.query_tower, s.cross_encoder)]
-    cmc = [s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
-    return digest(json.dumps([models, cmc, settings.query_max_length, settings.query_overflow,
-                               [s.cross_encoder.lengths.query_max_length, s.cross_encoder.lengths.max_length]
-                               if s.cross_encoder else None]))
+    cmc = [model_identity(s.cmc.query_tower), s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
+    anncur = None
+    if s.anncur:
+        built = s.anncur.index
+        anncur = [model_identity(s.anncur.cross_encoder), built.index.version, built.corpus_hash,
+                  digest(json.dumps(built.record, sort_keys=True, default=str))]
+    return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
+                              model_identity(s.late_ce), model_identity(s.mix), anncur,
+                              settings.query_max_length, settings.query_overflow]))
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:

@@ -101,7 +101,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
                                                             "cross_encoder": use_ce, "server": caches.fingerprint}
     hit = None
     if caches.results and not fresh:
-        hit = caches.results.get(caches.results.key(key_params, searcher.index.version))
+        hit = caches.results.get(caches.results.key(key_params, searcher.index))
     if hit:
         timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
         return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
@@ -111,7 +111,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put(caches.results.key(key_params, outcome.index_version),
+        caches.results.put(caches.results.key(key_params, outcome.index),
                            response.model_dump(exclude={"timings_ms", "cached"}))
     return response
 
