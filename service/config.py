@@ -44,6 +44,7 @@ class Settings(BaseSettings):
     max_top_k: int = Field(1000, ge=1)
     max_retrieve_k: int = Field(16384, ge=1)
     rerank_max_documents: int = Field(1000, ge=1)
+    rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'.")
     torch_threads: int | None = Field(None, ge=1, description="Intra-op threads; unset = torch's default.")

@@ -126,7 +126,7 @@ def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: Set
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
     items = rerank_items(body)
     outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
-                                         timeout_of(body, settings))
+                                         timeout_of(body, settings), settings.rerank_max_tokens)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()

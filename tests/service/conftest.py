@@ -29,7 +29,8 @@ def ce_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(demo_index, tmp_path_factory):
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_RERANK_MAX_DOCUMENTS": "50"},
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_RERANK_MAX_DOCUMENTS": "50",
+                  "SIEVE_RERANK_MAX_TOKENS": "12000"},
                  tmp_path_factory.mktemp("logs") / "server.log")
     yield srv
     srv.stop()
