@@ -120,7 +120,8 @@ def create_app(settings: Settings | None = None,
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(routes_documents.router)
-    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics)
+    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
     count_requests(app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -110,6 +110,37 @@ def test_body_size_limit(guarded_server, fresh_key):
         assert client.get("/healthz").status_code == 200
 
 
+def test_slow_bodies_hold_no_inflight_slot_and_are_cut_off(demo_index, tmp_path):
+    """Four connections send headers and one byte of a 100-byte body, then go quiet, against 2 in-flight slots:
+    other requests are still served, nothing counts as in flight, and each slow one gets 408 once
+    SIEVE_BODY_TIMEOUT_S (2 s) has passed, on a connection the server then closes."""
+    import socket
+
+    server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_MAX_INFLIGHT": "2", "SIEVE_BODY_TIMEOUT_S": "2"},
+                    tmp_path / "server.log")
+    slow = []
+    try:
+        for _ in range(4):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            slow.append(sock)
+        with server.client() as client:
+            for _ in range(3):  # more requests than slots, one after another
+                answer = client.post("/search", json={"query": "volcanoes", "top_k": 2})
+                assert answer.status_code == 200, answer.text
+            assert "sieve_inflight_requests 0.0" in client.get("/metrics").text
+        for sock in slow:
+            reply = b""
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 408") and b"body_timeout" in reply, reply[:300]
+    finally:
+        for sock in slow:
+            sock.close()
+        server.stop()
+
+
 def test_inflight_bound_answers_429_fast_instead_of_queueing(demo_index, tmp_path):
     server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_MAX_INFLIGHT": "1", "SIEVE_CACHE_ENABLED": "false"},
                     tmp_path / "server.log")
