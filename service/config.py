@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     rate_limit_per_s: float | None = Field(None, gt=0, description="Requests per second per API key (or client address); unset = no limit.")
     rate_limit_burst: int = Field(20, ge=1, description="Token-bucket size: requests a key may send at once.")
     max_inflight: int = Field(64, ge=1, description="Requests in progress at once (counted once the body is read); past it, 429 at once.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Time to receive a request's line and headers; slower = connection closed.")
     body_timeout_s: float = Field(30.0, gt=0, description="Time to receive a request body; slower = 408 and the connection closed.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body; larger = 413.")
     max_header_bytes: int = Field(64 * 1024, ge=4096, description="Largest request line + headers; larger = 400 and the connection closed.")

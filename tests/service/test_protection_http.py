@@ -113,13 +113,17 @@ def test_body_size_limit(guarded_server, fresh_key):
 def test_slow_bodies_hold_no_inflight_slot_and_are_cut_off(demo_index, tmp_path):
     """Four connections send headers and one byte of a 100-byte body, then go quiet, against 2 in-flight slots:
     other requests are still served, nothing counts as in flight, and each slow one gets 408 once
-    SIEVE_BODY_TIMEOUT_S (2 s) has passed, on a connection the server then closes."""
+    SIEVE_BODY_TIMEOUT_S (2 s) has passed, on a connection the server then closes. A fifth sends half its headers:
+    the server closes it after SIEVE_HEADER_TIMEOUT_S (2 s)."""
     import socket
 
-    server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_MAX_INFLIGHT": "2", "SIEVE_BODY_TIMEOUT_S": "2"},
-                    tmp_path / "server.log")
+    server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_MAX_INFLIGHT": "2", "SIEVE_BODY_TIMEOUT_S": "2",
+                     "SIEVE_HEADER_TIMEOUT_S": "2"}, tmp_path / "server.log")
     slow = []
     try:
+        trickle = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        slow_headers = trickle.makefile("rb")
+        trickle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line that ends them
         for _ in range(4):
             sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
             sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -135,6 +139,8 @@ def test_slow_bodies_hold_no_inflight_slot_and_are_cut_off(demo_index, tmp_path)
             while chunk := sock.recv(65536):  # until the server closes the connection
                 reply += chunk
             assert reply.startswith(b"HTTP/1.1 408") and b"body_timeout" in reply, reply[:300]
+        assert slow_headers.read() == b"", "unfinished headers got an answer"  # read() returns once it is closed
+        trickle.close()
     finally:
         for sock in slow:
             sock.close()
