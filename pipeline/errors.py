@@ -30,3 +30,10 @@ class UnknownDocuments(RequestError):
 class QueryTooLong(RequestError):
     status_code = 413
     code = "query_too_long"
+
+
+class TooMuchWork(RequestError):
+    """The request asks the models to read more tokens than this server allows one request."""
+
+    status_code = 413
+    code = "too_much_work"

@@ -1,6 +1,7 @@
 """/rerank inputs: texts, indexed ids or both, turned into a candidate list with vectors for CMC."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -9,6 +10,7 @@ import numpy as np
 from models.cmc_checkpoint import CMCBundle
 from models.text_encoder import TextEncoder
 from pipeline.candidates import Candidates
+from pipeline.errors import TooMuchWork
 from pipeline.state import QueryState
 
 
@@ -40,10 +42,36 @@ def indexed_rows(index, items: Sequence[RerankItem], texts: list[str]) -> list[i
     return [rows[item.id] if item.id in rows and docs[item.id] == text else -1 for item, text in zip(items, texts)]
 
 
+def check_work(texts: Sequence[str], max_length: int, limit: int | None) -> None:
+    """413 when the texts a model must read come to more than `limit` tokens. Each text counts as at most
+    min(characters + 2, max_length) tokens (no token holds less than one character): an upper bound needing no
+    tokenizer pass over what may be megabytes."""
+    tokens = sum(min(len(t) + 2, max_length) for t in texts)
+    if limit is not None and tokens > limit:
+        raise TooMuchWork(f"these documents are up to {tokens} tokens for the model to read; this server takes at "
+                          f"most {limit} per request", field="documents",
+                          allowed=f"at most {limit} tokens (SIEVE_RERANK_MAX_TOKENS): fewer or shorter documents, "
+                          "or ids of indexed documents")
+
+
+def encode_within(tower: TextEncoder, texts: list[str], deadline: float | None) -> np.ndarray | None:
+    """(N, d) vectors, a batch at a time (longest texts first); None when the deadline has passed with batches still
+    to go. A request is late by at most one batch (tower.batch_size texts), and one batch always runs."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.empty((len(texts), tower.dim), dtype=np.float32)
+    for start in range(0, len(texts), tower.batch_size):
+        if start and deadline is not None and time.monotonic() >= deadline:
+            return None
+        idx = order[start:start + tower.batch_size]
+        out[idx] = tower.encode_documents([texts[i] for i in idx], progress=False)
+    return out
+
+
 def rerank_candidates(index, items: Sequence[RerankItem], texts: list[str], bundle: CMCBundle,
-                      biencoder: TextEncoder, state: QueryState) -> Candidates:
-    """Indexed documents reuse their stored vectors; any other text goes through the candidate tower now.
-    The candidates carry a "retrieve" score, <query, candidate>: the order kept if CMC runs out of time."""
+                      biencoder: TextEncoder, state: QueryState) -> Candidates | None:
+    """Indexed documents reuse their stored vectors; any other text goes through the candidate tower now, within
+    the request's deadline (None when it runs out first). The candidates carry a "retrieve" score,
+    <query, candidate>: the order kept if CMC runs out of time."""
     indexed = indexed_rows(index, items, texts)
     store = "cmc" if bundle.config.mode == "separate" else None
     tower = bundle.candidate_tower or biencoder
@@ -54,7 +82,10 @@ def rerank_candidates(index, items: Sequence[RerankItem], texts: list[str], bund
     fresh = [i for i, row in enumerate(indexed) if row < 0]
     if fresh:
         with state.timed("candidate_encode"):
-            vectors[fresh] = tower.encode_documents([texts[i] for i in fresh], progress=False)
+            encoded = encode_within(tower, [texts[i] for i in fresh], state.deadline)
+        if encoded is None:
+            return None
+        vectors[fresh] = encoded
     state.counts["candidate_encode"] = len(fresh)
     query = state.query_vectors["cmc"].float().cpu().numpy()  # (d,)
     retrieve = vectors @ query  # (K,)

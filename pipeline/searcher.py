@@ -24,7 +24,7 @@ from pipeline.batching import BatchConfig, Runners
 from pipeline.candidates import Candidates
 from pipeline.first_stage import HybridConfig, HybridRetrieve, LexicalRetrieve
 from pipeline.errors import QueryTooLong, RequestError, StageUnavailable
-from pipeline.rerank_inputs import RerankItem, indexed_rows, rerank_candidates, resolve_texts
+from pipeline.rerank_inputs import RerankItem, check_work, indexed_rows, rerank_candidates, resolve_texts
 from pipeline.rerankers import LateCrossEncoderRerank, MixRerank, locked_copy
 from pipeline.runner import run_stage
 from pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
@@ -306,27 +306,41 @@ class Searcher:
 
     # -- /rerank ----------------------------------------------------------------------------------------------
     def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int,
-               timeout_ms: int | None = None) -> Outcome:
-        """CMC falls back to <query, candidate> order, the cross-encoder to the caller's order, when out of time."""
+               timeout_ms: int | None = None, max_tokens: int | None = None) -> Outcome:
+        """CMC falls back to <query, candidate> order, the cross-encoder to the caller's order, when out of time;
+        when time runs out while new texts are still being encoded for CMC, to the caller's order too.
+        `max_tokens`: the most the models may read for this request (413 past it)."""
         started = time.perf_counter()
         state = self.new_state(query, timeout_ms)
         index = state.index
         texts = resolve_texts(index, items)
+        stages: list[Stage] = []
         if model == "cmc":
             bundle = self.require_cmc()
+            tower = bundle.candidate_tower or self.biencoder
+            rows = indexed_rows(index, items, texts)
+            check_work([t for t, row in zip(texts, rows) if row < 0], tower.lengths.doc_max_length, max_tokens)
             self.encode_query(state, {"cmc": bundle.query_tower})
             state.candidates = rerank_candidates(index, items, texts, bundle, self.biencoder, state)
-            state.ran.append("retrieve")
-            stage = CMCRerank(bundle, index, self.batching.cmc_candidates)
+            if state.candidates is None:  # out of time while encoding: nothing scored them all
+                state.candidates = Candidates(rows=np.asarray(rows), texts=texts)
+                state.skipped.append("cmc")
+            else:
+                state.ran.append("retrieve")
+                stages.append(CMCRerank(bundle, index, self.batching.cmc_candidates))
         elif model in CE_MODELS:
-            state.candidates = Candidates(rows=np.full(len(items), -1), texts=texts)
             stage = self.ce_stage(model, index, len(items))
+            check_work(texts, stage.cross_encoder.lengths.max_length, max_tokens)
+            state.candidates = Candidates(rows=np.full(len(items), -1), texts=texts)
+            stages.append(stage)
         elif model == "mix":  # indexed documents reuse their stored context embeddings
-            state.candidates = Candidates(rows=np.asarray(indexed_rows(index, items, texts)), texts=texts)
-            stage = MixRerank(self.require_mix(), index)
+            mix, rows = self.require_mix(), indexed_rows(index, items, texts)
+            check_work([t for t, row in zip(texts, rows) if row < 0], mix.lengths.doc_max_length, max_tokens)
+            state.candidates = Candidates(rows=np.asarray(rows), texts=texts)
+            stages.append(MixRerank(mix, index))
         else:
             raise RequestError(f"model {model!r} is not supported", field="model", allowed="cmc | ce | ce_late | mix")
-        state = self.run([stage], state)
+        state = self.run(stages, state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(top_n, len(state.candidates))))
         return Outcome(top, state.ran[-1] if state.ran else "input", state, index.version, index=index)

@@ -17,7 +17,7 @@ from service.components import Components, load_components
 from service.config import Settings
 from service.errors import install_error_handlers
 from service.metrics import Metrics
-from service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter
+from service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter, scrub_access_log
 from service.routes import router
 from service.runtime import load_index
 from service.updates import IndexUpdater
@@ -46,15 +46,28 @@ def count_requests(app: FastAPI) -> None:
             app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
 
+def model_identity(model) -> list | None:
+    """Name, weights and token lengths of a model that can answer a request; None where it is not loaded."""
+    if model is None:
+        return None
+    lengths = getattr(model, "lengths", None)
+    return [getattr(model, "name", None), getattr(model, "weights_hash", None), repr(lengths) if lengths else None]
+
+
 def fingerprint(components: Components, settings: Settings) -> str:
-    """What the answers depend on beyond the request: cached results are only shared between identical servers."""
+    """What the answers depend on beyond the request and the index: cached results are only shared between servers
+    with the same models, every model a request can pick included (CMC, both cross-encoders, the MixEncoder, annCUR
+    and the annCUR index it searches)."""
     s = components.searcher
-    models = [getattr(m, "weights_hash", None) or getattr(m, "name", None)
-              for m in (s.biencoder, s.cmc and s.cmc.query_tower, s.cross_encoder)]
-    cmc = [s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
-    return digest(json.dumps([models, cmc, settings.query_max_length, settings.query_overflow,
-                               [s.cross_encoder.lengths.query_max_length, s.cross_encoder.lengths.max_length]
-                               if s.cross_encoder else None]))
+    cmc = [model_identity(s.cmc.query_tower), s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
+    anncur = None
+    if s.anncur:
+        built = s.anncur.index
+        anncur = [model_identity(s.anncur.cross_encoder), built.index.version, built.corpus_hash,
+                  digest(json.dumps(built.record, sort_keys=True, default=str))]
+    return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
+                              model_identity(s.late_ce), model_identity(s.mix), anncur,
+                              settings.query_max_length, settings.query_overflow]))
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:
@@ -64,6 +77,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
     state.auth = Authenticator(settings.keys())
+    scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
     encoders = {"primary": searcher.biencoder}
     if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:
@@ -106,7 +120,8 @@ def create_app(settings: Settings | None = None,
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(routes_documents.router)
-    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics)
+    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
     count_requests(app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

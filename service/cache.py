@@ -115,15 +115,21 @@ class EmbeddingCache:
         self.store.set(self.key(tower, query), data, self.ttl_s)
 
 
+def index_identity(index) -> str:
+    """What names an index's content: its version number and the hash of its documents (ids and texts). A number
+    alone does not: two servers sharing Redis can each reach version 7 with different documents."""
+    return f"v{index.version}:{index.manifest.corpus_hash[:16]}"
+
+
 class ResultCache:
-    """Whole /search responses keyed by index version + every parameter that changes the answer."""
+    """Whole /search responses keyed by the index's identity + every parameter that changes the answer."""
 
     def __init__(self, store, ttl_s: int, metrics: Metrics):
         self.store, self.ttl_s, self.metrics = store, ttl_s, metrics
 
     @staticmethod
-    def key(params: dict, index_version: int) -> str:
-        return f"res:v{index_version}:{digest(json.dumps(params, sort_keys=True, ensure_ascii=False))}"
+    def key(params: dict, index) -> str:
+        return f"res:{index_identity(index)}:{digest(json.dumps(params, sort_keys=True, ensure_ascii=False))}"
 
     def get(self, key: str) -> dict | None:
         raw = self.store.get(key)

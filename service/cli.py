@@ -156,7 +156,12 @@ def run_server(settings: Settings) -> None:
 
     components = load_components(settings)
     app = create_app(settings, loader=lambda _: components)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    from service.connections import bounded_h11
+
+    # h11, not httptools: only h11 bounds the size of request line + headers (httptools buffers any size); ours
+    # also bounds the time they may take
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 def cmd_demo(args, settings: Settings) -> None:

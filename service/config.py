@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     max_top_k: int = Field(1000, ge=1)
     max_retrieve_k: int = Field(16384, ge=1)
     rerank_max_documents: int = Field(1000, ge=1)
+    rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'.")
     torch_threads: int | None = Field(None, ge=1, description="Intra-op threads; unset = torch's default.")
@@ -82,8 +83,11 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(None, description="File with one API key per line (added to SIEVE_API_KEYS).")
     rate_limit_per_s: float | None = Field(None, gt=0, description="Requests per second per API key (or client address); unset = no limit.")
     rate_limit_burst: int = Field(20, ge=1, description="Token-bucket size: requests a key may send at once.")
-    max_inflight: int = Field(64, ge=1, description="Requests in progress at once; past it, 429 at once.")
+    max_inflight: int = Field(64, ge=1, description="Requests in progress at once (counted once the body is read); past it, 429 at once.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Time to receive a request's line and headers; slower = connection closed.")
+    body_timeout_s: float = Field(30.0, gt=0, description="Time to receive a request body; slower = 408 and the connection closed.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body; larger = 413.")
+    max_header_bytes: int = Field(64 * 1024, ge=4096, description="Largest request line + headers; larger = 400 and the connection closed.")
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import threading
 import time
 from collections import OrderedDict
 
+import anyio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -70,17 +72,34 @@ class Authenticator:
         return key_id(token.strip())
 
 
+class QueryStringScrub(logging.Filter):
+    """On uvicorn's access log: the path without its query string (`?api_key=...` and the like), so a key put in
+    a URL never reaches the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].partition("?")[0] + "?[query not logged]", *args[3:])
+        return True
+
+
+def scrub_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QueryStringScrub) for f in access.filters):
+        access.addFilter(QueryStringScrub())
+
+
 class LocalBuckets:
     """Token buckets per caller in this process (bounded: the oldest idle callers are forgotten)."""
 
-    def __init__(self, rate: float, burst: int, max_callers: int = 100_000):
-        self.rate, self.burst, self.max_callers = rate, burst, max_callers
+    def __init__(self, rate: float, burst: int, max_callers: int = 100_000, clock=time.monotonic):
+        self.rate, self.burst, self.max_callers, self.clock = rate, burst, max_callers, clock
         self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self.lock = threading.Lock()
 
     def take(self, caller: str) -> float:
         """0 when allowed, else the seconds until a token is there."""
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             tokens, ts = self.buckets.pop(caller, (self.burst, now))
             tokens = min(self.burst, tokens + (now - ts) * self.rate)
@@ -92,9 +111,10 @@ class LocalBuckets:
 
 
 class RateLimiter:
-    def __init__(self, rate: float | None, burst: int, redis_store=None):
+    def __init__(self, rate: float | None, burst: int, redis_store=None, clock=time.monotonic):
+        """`clock`: the in-process buckets' time source (a test's own, to step time instead of sleeping)."""
         self.rate, self.burst, self.redis = rate, burst, redis_store
-        self.local = LocalBuckets(rate, burst) if rate else None
+        self.local = LocalBuckets(rate, burst, clock=clock) if rate else None
         self.script = redis_store.client.register_script(TOKEN_BUCKET_LUA) if rate and redis_store else None
 
     def check(self, caller: str) -> None:
@@ -111,15 +131,29 @@ class RateLimiter:
 
 
 class InflightLimit:
-    """ASGI middleware: past `limit` work requests in progress, answer 429 at once instead of queueing."""
+    """ASGI middleware: past `limit` work requests in progress, answer 429 at once instead of queueing. A request
+    counts only once its whole body is here: the body must arrive within `body_timeout_s` (else 408 and the
+    connection closed), so clients that send a byte and go quiet hold no slot and no connection for long."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics):
-        self.app, self.limit, self.metrics = app, limit, metrics
+    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics, body_timeout_s: float = 30.0):
+        self.app, self.limit, self.metrics, self.body_timeout_s = app, limit, metrics, body_timeout_s
         self.count = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(WORK_PREFIXES):
             return await self.app(scope, receive, send)
+        try:
+            with anyio.fail_after(self.body_timeout_s):
+                messages = await read_body(receive)
+        except TimeoutError:
+            self.metrics.rejected.labels(reason="slow_body").inc()
+            response = error_body(408, "body_timeout", f"the request body did not arrive within {self.body_timeout_s:g} s",
+                                  allowed="a body sent without pauses (SIEVE_BODY_TIMEOUT_S)", headers={"Connection": "close"})
+            return await response(scope, receive, send)
+        except BodyTooLarge as exc:
+            return await error_body(413, "body_too_large", str(exc.detail))(scope, receive, send)
+        if messages[-1]["type"] == "http.disconnect":
+            return  # the client left: nobody to answer
         if self.count >= self.limit:
             self.metrics.rejected.labels(reason="overloaded").inc()
             response = error_body(429, "overloaded", f"more than {self.limit} requests in progress; retry shortly",
@@ -129,10 +163,29 @@ class InflightLimit:
         self.count += 1  # one event loop: no lock needed
         self.metrics.inflight.set(self.count)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, replay(messages, receive), send)
         finally:
             self.count -= 1
             self.metrics.inflight.set(self.count)
+
+
+async def read_body(receive: Receive) -> list[dict]:
+    """Every message of the request body, up to the last one (or a disconnect)."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return messages
+
+
+def replay(messages: list[dict], receive: Receive) -> Receive:
+    """A receive that hands out the body already read, then waits on the connection (for a disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        return pending.pop(0) if pending else await receive()
+    return replayed
 
 
 class BodyTooLarge(HTTPException):

@@ -42,16 +42,23 @@ def get_caches(request: Request) -> Caches:
 
 
 def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored."""
+    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored. Failed
+    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty)."""
     state = request.app.state
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    address = request.client.host if request.client else "anonymous"
     try:
         caller = state.auth.identify(header)
     except Unauthorized:
         state.metrics.rejected.labels(reason="unauthorized").inc()
+        limit(state, f"auth-failed:{address}")
         raise
+    limit(state, caller or address)
+
+
+def limit(state, caller: str) -> None:
     try:
-        state.limiter.check(caller or (request.client.host if request.client else "anonymous"))
+        state.limiter.check(caller)
     except RateLimited:
         state.metrics.rejected.labels(reason="rate_limited").inc()
         raise
@@ -98,7 +105,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
                                                             "server": caches.fingerprint}
     hit = None
     if caches.results and not fresh:
-        hit = caches.results.get(caches.results.key(key_params, searcher.index.version))
+        hit = caches.results.get(caches.results.key(key_params, searcher.index))
     if hit:
         timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
         return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
@@ -108,7 +115,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put(caches.results.key(key_params, outcome.index_version),
+        caches.results.put(caches.results.key(key_params, outcome.index),
                            response.model_dump(exclude={"timings_ms", "cached"}))
     return response
 
@@ -123,7 +130,7 @@ def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: Set
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
     items = rerank_items(body)
     outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
-                                         timeout_of(body, settings))
+                                         timeout_of(body, settings), settings.rerank_max_tokens)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()

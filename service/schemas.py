@@ -1,14 +1,36 @@
 """Every HTTP request and response body, on shared strict bases (unknown fields are refused)."""
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 QUERY_MAX_CHARS = 10_000  # hard ceiling before any tokenisation; the token limit is a setting
 TIMEOUT_MAX_MS = 600_000
 DOC_ID_MAX_CHARS = 512
 DOC_TEXT_MAX_CHARS = 200_000
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may escape them ("\\ud800"); no UTF-8 text holds one
+CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def unicode_text(value):
+    if isinstance(value, str) and LONE_SURROGATE.search(value):
+        raise ValueError("contains a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
+    return value
+
+
+def printable_id(value):
+    if isinstance(value, str) and CONTROL_OR_SURROGATE.search(value):
+        raise ValueError("an id may not contain control characters (NUL, newline, ...) or lone surrogates")
+    return value
+
+
+# checked before str's own validation, whose length check would refuse a surrogate with a vaguer message
+Text = Annotated[str, BeforeValidator(unicode_text)]  # every text a model reads
+DocumentId = Annotated[str, BeforeValidator(printable_id)]  # ids end up in logs, files and URLs
 
 
 class Strict(BaseModel):
@@ -51,7 +73,7 @@ class ErrorResponse(Reply):
 
 # -- /search ------------------------------------------------------------------------------------------------
 class SearchRequest(Strict):
-    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
+    query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
     retrieve_k: int = Field(512, ge=1, description="Candidates the retriever returns (clamped to the index size).")
     rerank: Literal["cmc", "mix", "none"] | None = Field(
@@ -115,8 +137,8 @@ class SearchResponse(Reply):
 
 # -- /rerank ------------------------------------------------------------------------------------------------
 class RerankDocument(Strict):
-    id: str | None = Field(None, min_length=1, description="Document id; an indexed id reuses its stored vector.")
-    text: str | None = Field(None, min_length=1, description="Document text; required when the id is not indexed.")
+    id: DocumentId | None = Field(None, min_length=1, description="Document id; an indexed id reuses its stored vector.")
+    text: Text | None = Field(None, min_length=1, description="Document text; required when the id is not indexed.")
 
     @model_validator(mode="after")
     def id_or_text(self):
@@ -126,8 +148,8 @@ class RerankDocument(Strict):
 
 
 class RerankRequest(Strict):
-    query: str = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
-    documents: list[str | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
+    query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
+    documents: list[Text | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
     model: Literal["cmc", "ce", "ce_late", "mix"] = Field("cmc", description="Reranker: CMC (default), the "
@@ -156,9 +178,9 @@ class RerankResponse(Reply):
 
 # -- /documents and /admin ----------------------------------------------------------------------------------
 class DocumentIn(Strict):
-    id: str = Field(..., min_length=1, max_length=DOC_ID_MAX_CHARS, description="Document id; an existing id is replaced.")
-    title: str = Field("", max_length=DOC_TEXT_MAX_CHARS, description="Title (encoded as 'title text').")
-    text: str = Field(..., min_length=1, max_length=DOC_TEXT_MAX_CHARS, description="Document text.")
+    id: DocumentId = Field(..., min_length=1, max_length=DOC_ID_MAX_CHARS, description="Document id; an existing id is replaced (no control characters).")
+    title: Text = Field("", max_length=DOC_TEXT_MAX_CHARS, description="Title (encoded as 'title text').")
+    text: Text = Field(..., min_length=1, max_length=DOC_TEXT_MAX_CHARS, description="Document text.")
 
 
 class DocumentsRequest(Strict):

@@ -102,16 +102,10 @@ class IndexUpdater:
 
     def apply(self, group: list[Write]) -> None:
         before = self.searcher.index.version
-        writes = [w for w in group if not w.reload]
-        upserts, deletes, done = self.net_effect(writes)
-        if upserts or deletes:
-            started = time.perf_counter()
-            try:
-                apply_changes(self.index_dir, list(upserts.values()), sorted(deletes), self.encoders)
-            except (ValueError, IndexMismatchError) as exc:  # e.g. the index holds a store this server cannot encode
-                raise Conflict(f"the index cannot take this write: {exc}") from exc
-            self.swap(time.perf_counter() - started)
-        elif any(w.reload for w in group):
+        if self.newer_on_disk():  # another writer (replica, CLI) published: judge deletes against its version
+            self.swap(None)
+        done = self.commit([w for w in group if not w.reload])
+        if any(w.reload for w in group) and self.newer_on_disk():  # published while this group committed
             self.swap(None)
         index = self.searcher.index
         for write in group:
@@ -122,6 +116,27 @@ class IndexUpdater:
                 write.future.set_result({"index_version": index.version, "index_size": index.size,
                                          "upserted": len(write.upserts),
                                          "deleted": [write.delete] if write.delete else []})
+
+    def commit(self, writes: list[Write], attempts: int = 3) -> set:
+        """One new version with every write that can be applied; each other write fails on its own future. When
+        another writer deleted an id between the judging and the writer lock, judge again on its version."""
+        for attempt in range(attempts):
+            upserts, deletes, done = self.net_effect([w for w in writes if not w.future.done()])
+            if not (upserts or deletes):
+                return done
+            started = time.perf_counter()
+            try:
+                apply_changes(self.index_dir, list(upserts.values()), sorted(deletes), self.encoders)
+            except UnknownDocumentError:
+                if attempt == attempts - 1:
+                    raise
+                self.swap(None)
+                continue
+            except (ValueError, IndexMismatchError) as exc:  # e.g. the index holds a store this server cannot encode
+                raise Conflict(f"the index cannot take this write: {exc}") from exc
+            self.swap(time.perf_counter() - started)
+            return done
+        return set()
 
     def net_effect(self, writes: list[Write]) -> tuple[dict[str, Document], set[str], set]:
         """Writes in arrival order reduced to (upserts by id, ids to delete); a delete of an id that does not

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report,  # noqa: F401
+                            pytest_runtest_makereport)
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 DEMO_CORPUS = REPO / "service" / "demo_corpus.jsonl"

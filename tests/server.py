@@ -56,8 +56,10 @@ class Server:
         self.stop()
         raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log_path.read_text()[-4000:]}")
 
-    def client(self, timeout: float = 120) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
+    def client(self, timeout: float = 120, local_address: str | None = None) -> httpx.Client:
+        """`local_address`: connect from this loopback address (127.0.0.N), a client address of the test's own."""
+        transport = httpx.HTTPTransport(local_address=local_address) if local_address else None
+        return httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
 
     def stop(self) -> None:
         self.proc.terminate()

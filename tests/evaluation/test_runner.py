@@ -138,7 +138,6 @@ def test_json_has_the_documented_keys(tmp_path):
 
 
 def test_plots_are_written_as_png(tmp_path):
-    pytest.importorskip("matplotlib")
     from evaluation.plots import write_plots
 
     doc = eval_document(toy_data(), run_toy(["be", "be+cmc"])[0], {}, "sieve eval")

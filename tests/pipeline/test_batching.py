@@ -47,9 +47,10 @@ def test_batcher_groups_concurrent_items_and_keeps_their_order():
 
 def test_batcher_drops_cancelled_items_and_reports_errors_to_every_waiter():
     seen = []
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
 
     def compute(items):
+        started.set()
         gate.wait(5)
         seen.extend(items)
         if "bad" in items:
@@ -58,7 +59,7 @@ def test_batcher_drops_cancelled_items_and_reports_errors_to_every_waiter():
 
     batcher = Batcher("t", compute, max_size=1, max_wait_ms=0)
     first = batcher.submit("first")
-    time.sleep(0.1)
+    assert started.wait(5)  # the worker holds "first": what follows queues behind it
     cancelled = batcher.submit("never")
     assert cancelled.cancel()
     bad = batcher.submit("bad")

@@ -29,7 +29,8 @@ def ce_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(demo_index, tmp_path_factory):
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_RERANK_MAX_DOCUMENTS": "50"},
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_RERANK_MAX_DOCUMENTS": "50",
+                  "SIEVE_RERANK_MAX_TOKENS": "12000"},
                  tmp_path_factory.mktemp("logs") / "server.log")
     yield srv
     srv.stop()
@@ -92,7 +93,28 @@ def index_copy(demo_index, tmp_path):
     return target
 
 
-API_KEYS = ["key-alpha-0123456789", "key-beta-0123456789", "key-gamma-0123456789", "key-delta-0123456789"]
+# Each test takes keys of its own (fresh_key), so no test ever meets a rate-limit bucket another test spent: the
+# guarded server accepts every key of both pools, one pool given in SIEVE_API_KEYS and one in SIEVE_API_KEYS_FILE.
+ENV_KEYS = [f"key-env-{i:03d}-0123456789" for i in range(200)]
+FILE_KEYS = [f"key-file-{i:03d}-0123456789" for i in range(200)]
+API_KEYS = ENV_KEYS + FILE_KEYS
+_unused = {"env": iter(ENV_KEYS), "file": iter(FILE_KEYS)}
+
+
+@pytest.fixture()
+def fresh_key():
+    """`fresh_key()` -> a key no other test has used (from SIEVE_API_KEYS; `fresh_key("file")`: from the file)."""
+    return lambda source="env": next(_unused[source])
+
+
+_addresses = iter(f"127.0.{i // 250}.{2 + i % 250}" for i in range(250 * 200))
+
+
+@pytest.fixture()
+def fresh_address():
+    """`fresh_address()` -> a loopback address (127.0.x.y) no other test connects from: per-address buckets (calls
+    without a key, failed keys) are the test's own."""
+    return lambda: next(_addresses)
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +125,9 @@ def guarded_server(demo_index, tmp_path_factory, redis_prefix):
     index = tmp_path_factory.mktemp("guarded") / "index"
     shutil.copytree(demo_index, index)
     keys_file = tmp_path_factory.mktemp("keys") / "keys.txt"
-    keys_file.write_text("\n".join(API_KEYS[2:]) + "\n")
+    keys_file.write_text("\n".join(FILE_KEYS) + "\n")
     srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_REDIS_URL": REDIS_URL, "SIEVE_REDIS_PREFIX": redis_prefix,
-                  "SIEVE_API_KEYS": ",".join(API_KEYS[:2]), "SIEVE_API_KEYS_FILE": str(keys_file),
+                  "SIEVE_API_KEYS": ",".join(ENV_KEYS), "SIEVE_API_KEYS_FILE": str(keys_file),
                   "SIEVE_RATE_LIMIT_PER_S": "5", "SIEVE_RATE_LIMIT_BURST": "5", "SIEVE_MAX_BODY_BYTES": "65536",
                   "SIEVE_LOG_LEVEL": "debug"},
                  tmp_path_factory.mktemp("logs") / "guarded-server.log")

@@ -46,25 +46,51 @@ def test_unreachable_redis_is_fast_counted_and_then_left_alone():
     assert metrics.redis_up._value.get() == 0
 
 
-def test_rate_limiter_in_process_and_in_redis_with_a_local_fallback(redis_prefix):
-    redis_or_skip()
-    local = RateLimiter(rate=1, burst=2)
+class SteppedClock:
+    """A clock the test moves: the limiter's arithmetic is checked without sleeping or racing the real one."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_limiter_in_process_refills_at_its_rate():
+    clock = SteppedClock()
+    local = RateLimiter(rate=2, burst=2, clock=clock)
     local.check("k")
     local.check("k")
     with pytest.raises(RateLimited) as info:
         local.check("k")
-    assert info.value.status_code == 429 and int(info.value.headers["Retry-After"]) >= 1
+    assert info.value.status_code == 429 and info.value.headers["Retry-After"] == "1"
+    assert "retry in 0.50 s" in info.value.detail
     local.check("other")  # buckets are per caller
+    clock.now += 0.25  # (binary-exact steps)
+    with pytest.raises(RateLimited):
+        local.check("k")  # half a token
+    clock.now += 0.25
+    local.check("k")  # 0.5 s at 2/s: one token back
+    clock.now += 3600
+    local.check("k")
+    local.check("k")  # refilled, but never past the burst
+    with pytest.raises(RateLimited):
+        local.check("k")
 
+
+def test_rate_limiter_in_redis_with_a_local_fallback(redis_prefix):
+    """Rates of one token per 100 s: no refill can happen while the test runs, however slow the machine."""
+    redis_or_skip()
     shared_store = RedisStore(REDIS_URL, redis_prefix + "unit-rl:", timeout_ms=200, retry_s=5, metrics=Metrics())
-    one, two = RateLimiter(2, 2, shared_store), RateLimiter(2, 2, shared_store)  # two replicas, one bucket
+    one, two = RateLimiter(0.01, 2, shared_store), RateLimiter(0.01, 2, shared_store)  # two replicas, one bucket
     one.check("caller")
     two.check("caller")
-    with pytest.raises(RateLimited):
+    with pytest.raises(RateLimited) as info:
         one.check("caller")
+    assert 99 <= int(info.value.headers["Retry-After"]) <= 100
 
     down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x:", timeout_ms=50, retry_s=60, metrics=Metrics())
-    fallback = RateLimiter(1, 1, down)
+    fallback = RateLimiter(0.01, 1, down)
     fallback.check("c")  # Redis unreachable: the local bucket decides, nothing fails
     with pytest.raises(RateLimited):
         fallback.check("c")

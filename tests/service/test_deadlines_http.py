@@ -60,6 +60,30 @@ def test_rerank_cmc_past_its_timeout_falls_back_to_inner_product_order(client):
     assert scores == sorted(scores, reverse=True) and {r["index"] for r in out["results"][:2]} == {2, 3}
 
 
+def test_rerank_deadline_covers_encoding_new_texts(client):
+    """40 new texts (two encoding batches of 32): past the deadline after the first batch, the rest are not encoded;
+    nothing has scored every text, so the answer keeps the caller's order, unscored, marked partial."""
+    texts = [f"Field note {i}: " + "basalt columns cool slowly and crack into hexagons " * 6 for i in range(40)]
+    out = client.post("/rerank", json={"query": "how basalt columns form", "documents": texts, "timeout_ms": 1})
+    assert out.status_code == 200, out.text
+    body = out.json()
+    assert body["partial"] and body["skipped"] == ["cmc"]
+    assert [r["index"] for r in body["results"]] == list(range(40))
+    assert all(r["relevance_score"] is None for r in body["results"]), "every text was encoded despite the deadline"
+
+
+def test_rerank_work_past_the_token_cap_is_413(client):
+    """The test server allows 12,000 tokens per /rerank; 50 new texts of 300 characters are up to 50 x 256."""
+    long = [f"{i} " + "x" * 300 for i in range(50)]
+    refused = client.post("/rerank", json={"query": "q", "documents": long})
+    assert refused.status_code == 413, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "too_much_work" and error["field"] == "documents" and "SIEVE_RERANK_MAX_TOKENS" in error["allowed"]
+    assert client.post("/rerank", json={"query": "q", "documents": long[:40]}).status_code == 200
+    indexed = [{"id": "astro-1"}] * 1 + [{"id": f"missing-{i}", "text": "short"} for i in range(49)]
+    assert client.post("/rerank", json={"query": "q", "documents": indexed}).status_code == 200  # stored vectors: free
+
+
 def test_generous_timeout_changes_nothing(client):
     body = {"query": "protein folding", "top_k": 5, "rerank": "cmc"}
     relaxed = client.post("/search", json={**body, "timeout_ms": 120_000, "retrieve_k": 50, "cmc_k": 10}).json()

@@ -143,3 +143,34 @@ def test_sigkill_during_writes_loses_nothing_acknowledged(index_copy, tmp_path):
             assert c.get("/readyz").json()["index_size"] >= 60 + len(acked)
     finally:
         restarted.stop()
+
+
+def test_each_write_in_a_group_commit_succeeds_or_fails_alone_against_the_newest_version(index_copy, biencoder,
+                                                                                        tmp_path):
+    """Another writer (a replica, the CLI) changes the index on disk behind this server's loaded version. A group
+    holding a valid upsert and a delete of the id that writer removed: the upsert is acknowledged and served, only
+    the delete gets 404. A delete of an id that writer added is judged against the newest version and succeeds."""
+    from index import Document, apply_changes
+
+    server = Server({"SIEVE_INDEX_DIR": str(index_copy), "SIEVE_WRITE_BATCH_WAIT_MS": "1500"}, tmp_path / "s.log")
+    try:
+        with server.client() as client:
+            apply_changes(index_copy, [], ["astro-1"], {"primary": biencoder})  # the other writer
+            assert client.get("/documents/astro-1").status_code == 200  # still the loaded, older version
+            with ThreadPoolExecutor(2) as pool:  # within one 1.5 s group window
+                added = pool.submit(client.post, "/documents", json={"documents": [
+                    {"id": "group-ok", "text": "Lighthouses guide ships along rocky coasts."}]})
+                deleted = pool.submit(client.delete, "/documents/astro-1")
+                added, deleted = added.result(), deleted.result()
+            assert added.status_code == 200, f"a valid upsert failed for another request's delete: {added.text}"
+            assert client.get("/documents/group-ok").status_code == 200
+            assert deleted.status_code == 404 and "astro-1" in deleted.json()["error"]["message"], deleted.text
+
+            apply_changes(index_copy, [Document("disk-new", "Kites", "Box kites fly in wind.")], [],
+                          {"primary": biencoder})
+            gone = client.delete("/documents/disk-new")
+            assert gone.status_code == 200, f"a delete judged against an older version than on disk: {gone.text}"
+            assert client.get("/documents/disk-new").status_code == 404
+            assert client.get("/documents/group-ok").status_code == 200
+    finally:
+        server.stop()

@@ -3,8 +3,11 @@ server keeps answering."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
+
+from tests.service.conftest import auth
 
 UNICODE_QUERIES = ["火山は どのように 噴火 する のか", "وكيف تثور البراكين", "🌋🔥 lava 🌋", "e\u0301ruption volcanique",
                    "zero\u200bwidth\u200djoiner", "\U0001F600" * 500, "x\u0000y\u0007z\u001b[31m", "\ud7ff\ue000\uffff"]
@@ -58,6 +61,35 @@ def test_absurd_numbers_and_types(client, field, value):
 ])
 def test_malformed_bodies(client, raw, content_type):
     assert_client_error(client.post("/search", content=raw, headers={"content-type": content_type}))
+
+
+LONE_SURROGATE = "\\ud800"  # as JSON escapes it: the raw body carries the six characters \ud800
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/search", '{"query": "lava %s flow"}'),
+    ("/rerank", '{"query": "q %s", "documents": ["fine text"]}'),
+    ("/rerank", '{"query": "volcano", "documents": ["fine text", "bad %s text"]}'),
+    ("/rerank", '{"query": "volcano", "documents": [{"text": "bad %s text"}]}'),
+    ("/rerank", '{"query": "volcano", "documents": [{"id": "astro-1%s"}]}'),
+])
+def test_lone_surrogates_are_refused_with_422_everywhere_text_is_read(client, path, body):
+    raw = (body % LONE_SURROGATE).encode()
+    error = assert_client_error(client.post(path, content=raw, headers={"content-type": "application/json"}), 422)
+    assert error["code"] == "validation_error" and "surrogate" in error["message"], error
+
+
+@pytest.mark.parametrize("doc", [{"id": "bad\u0000id", "text": "t"}, {"id": "tab\tid", "text": "t"},
+                                 {"id": "esc\u001b[31m", "text": "t"}, {"id": "c1\u0085", "text": "t"},
+                                 {"id": "fine-id", "title": "x", "text": "bad \ud800 text"}])
+def test_documents_with_control_characters_in_ids_or_surrogates_are_refused(guarded_server, fresh_key, doc):
+    key = auth(fresh_key())
+    with guarded_server.client() as client:
+        body = json.dumps({"documents": [doc]})  # ensure_ascii: NUL and surrogates go as \u escapes
+        error = assert_client_error(client.post("/documents", content=body, headers={**key, "content-type":
+                                                                                      "application/json"}), 422)
+        assert error["details"][0]["field"].startswith("documents.0."), error
+        assert client.get("/documents/" + quote(doc["id"], safe=""), headers=key).status_code in (404, 422)
 
 
 def test_hostile_paths_and_ids(client):

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.server import REPO, free_port
-from tests.service.conftest import API_KEYS, auth
+from tests.service.conftest import auth
 
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "sieve.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
@@ -62,10 +62,10 @@ def prometheus(guarded_server, tmp_path):
         log.close()
 
 
-def traffic(server) -> None:
+def traffic(server, fresh_key, fresh_address) -> float:
     """Every kind of request the panels show: searches (cache miss and hit), a partial answer, /rerank, a write,
-    client errors and an unauthorised call."""
-    key = auth(API_KEYS[3])
+    client errors and an unauthorised call. Each request under a key of its own, so the 5/s limit never answers
+    instead. Returns when it ended (Unix time)."""
     requests = [("post", "/search", {"query": "observability of volcanoes", "top_k": 3}),
                 ("post", "/search", {"query": "observability of volcanoes", "top_k": 3}),
                 ("post", "/search", {"query": "late answer", "timeout_ms": 1}),
@@ -74,9 +74,40 @@ def traffic(server) -> None:
                 ("post", "/documents", {"documents": [{"id": f"obs-{time.time_ns()}", "text": "Metrics text."}]})]
     with server.client() as client:
         for method, path, body in requests:
-            getattr(client, method)(path, json=body, headers=key)
-            time.sleep(0.25)  # within the 5/s rate limit of this server
-        client.post("/search", json={"query": "no key"})
+            getattr(client, method)(path, json=body, headers=auth(fresh_key()))
+    with server.client(local_address=fresh_address()) as stranger:  # failed keys spend the address's bucket
+        stranger.post("/search", json={"query": "no key"})
+    return time.time()
+
+
+def scraped_after(prom: str, moment: float, timeout_s: float = 60) -> None:
+    """Waits until Prometheus has stored a scrape that began after `moment`. A target's lastScrape is reported just
+    before that scrape's samples are committed, so this waits for the one after it too."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(2):
+        while (last := last_scrape(prom)) <= moment:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no scrape after {moment} within {timeout_s} s")
+            time.sleep(0.2)
+        moment = last
+
+
+def last_scrape(prom: str) -> float:
+    """When the last successful scrape began (Unix time); 0 before the first (or while no target is listed yet)."""
+    targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    if not targets or targets[0]["health"] != "up" or targets[0]["lastScrape"].startswith("0001"):
+        return 0.0
+    return iso_seconds(targets[0]["lastScrape"])
+
+
+def iso_seconds(stamp: str) -> float:
+    """Prometheus' RFC 3339 time (nanosecond digits, Z or an offset) as Unix seconds."""
+    from datetime import datetime
+
+    match = re.match(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", stamp)
+    assert match, stamp
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    return datetime.fromisoformat(match.group(1) + zone).timestamp() + float(match.group(2) or 0)
 
 
 def query(prom: str, expr: str) -> list:
@@ -94,11 +125,9 @@ def alert_rules() -> list[dict]:
     return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
 
 
-def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus):
-    traffic(guarded_server)
-    time.sleep(3)  # scrapes on both sides of the traffic, so rate() has two samples
-    traffic(guarded_server)
-    time.sleep(4)
+def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus, fresh_key, fresh_address):
+    scraped_after(prometheus, traffic(guarded_server, fresh_key, fresh_address))  # scrapes on both sides of the
+    scraped_after(prometheus, traffic(guarded_server, fresh_key, fresh_address))  # second traffic: rate() has data
     targets = httpx.get(f"{prometheus}/api/v1/targets").json()["data"]["activeTargets"]
     assert [t["health"] for t in targets] == ["up"], targets
     empty = [expr for expr in dashboard_expressions() if not query(prometheus, expr)]

@@ -6,23 +6,22 @@ import threading
 import time
 
 import pytest
+import schemathesis  # the [test] extra: imported, never skipped
 import uvicorn
-
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
                                  response_schema_conformance, status_code_conformance)
 
-from index import SearchIndex, build_index, read_beir_corpus  # noqa: E402
-from models.cmc_checkpoint import untrained_cmc  # noqa: E402
-from pipeline.searcher import Searcher  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.components import Components  # noqa: E402
-from service.config import Settings  # noqa: E402
-from service.runtime import searcher_options  # noqa: E402
-from tests.conftest import DEMO_CORPUS  # noqa: E402
-from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder  # noqa: E402
-from tests.server import free_port  # noqa: E402
+from index import SearchIndex, build_index, read_beir_corpus
+from models.cmc_checkpoint import untrained_cmc
+from pipeline.searcher import Searcher
+from service.app import create_app
+from service.components import Components
+from service.config import Settings
+from service.runtime import searcher_options
+from tests.conftest import DEMO_CORPUS
+from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
+from tests.server import free_port
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
