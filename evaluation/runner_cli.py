@@ -16,7 +16,7 @@ from pathlib import Path
 from evaluation.runner import PIPELINES, EvalConfig, parse_pipelines
 
 FLAGS = ("data", "split", "pipelines", "server", "index", "retrieve_k", "cmc_k", "ce_k", "max_queries", "seed",
-         "out_dir", "name", "table2", "transfer")
+         "out_dir", "name", "table2", "transfer", "tag", "merge")
 TRANSFER_PIPELINES = "be,bm25,hybrid,be+cmc,hybrid+cmc,be+cmc+ce,hybrid+cmc+ce"
 
 
@@ -51,6 +51,9 @@ def register(sub) -> None:
                         "pipeline on each test split (SciFact also by seen / unseen documents), macro-average, and the "
                         f"default pipeline chosen from it; writes transfer.json + transfer.png (pipelines default "
                         f"{TRANSFER_PIPELINES}; in-process)")
+    p.add_argument("--tag", help="--transfer: name this run's pipelines <name>[TAG] (e.g. the CMC checkpoint served)")
+    p.add_argument("--merge", type=Path, help="--transfer: add this run's rows to that transfer.json (macro and default "
+                                              "recomputed over all rows) instead of starting a new one")
     p.set_defaults(func=cmd_eval)
 
 
@@ -102,6 +105,11 @@ def cmd_transfer(args: argparse.Namespace, settings, cfg: EvalConfig) -> None:
 
         doc = transfer_report(backend, args.data, pipelines, cfg, args.max_queries, args.seed, log)
     doc["command"] = command_line(args)
+    if args.merge or args.tag:
+        from evaluation.transfer import merge
+
+        base = json.loads(args.merge.read_text()) if args.merge else {**doc, "rows": [], "pipelines": [], "runs": []}
+        doc = merge(base, doc, args.tag)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / "transfer.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -115,6 +115,21 @@ def transfer_report(load_backend: Callable[[EvalData], object], data_root: Path,
             "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine()}}
 
 
+def merge(base: dict, new: dict, tag: str | None) -> dict:
+    """Rows of `new` (pipelines renamed "<name>[tag]", e.g. another CMC checkpoint) added to `base`; the macro rows
+    and the default are computed anew over all of them. Rows of `base` with those names are replaced."""
+    rename = (lambda name: f"{name}[{tag}]") if tag else (lambda name: name)
+    added = [{**r, "pipeline": rename(r["pipeline"])} for r in new["rows"] if r["dataset"] != "macro"]
+    names = {r["pipeline"] for r in added}
+    rows = [r for r in base["rows"] if r["dataset"] != "macro" and r["pipeline"] not in names] + added
+    rows += macro_rows(rows)
+    default, rule = choose_default(rows)
+    pipelines = list(dict.fromkeys([*base["pipelines"], *(rename(p) for p in new["pipelines"])]))
+    runs = [*base.get("runs", [{"command": base.get("command"), "pipelines": base["pipelines"]}]),
+            {"command": new.get("command"), "pipelines": sorted(names), "tag": tag}]
+    return {**base, "rows": rows, "default": default, "default_rule": rule, "pipelines": pipelines, "runs": runs}
+
+
 def render(doc: dict) -> str:
     names = doc["pipelines"]
     cols = [(r["dataset"], r["subset"]) for r in doc["rows"]]

@@ -8,8 +8,9 @@ of the dev lists, where the dev lists are
     relevant to any query left for training (so a model that memorised relevant documents gains nothing there);
   - a dataset's own dev split, when it has one (NFCorpus).
 Regimes, to see what guards against memorising documents:
-  - "linear": only the evidence fusion (prior weight and one weight per feature) learns; the attention layers
-    stay the identity and their score is unused: nothing in the model can name a document;
+  - "linear": only the evidence fusion (prior weight and one weight per feature) learns; the model has no
+    attention layers and the interaction's weight stays 0: nothing in it can name a document (and it costs
+    next to nothing to serve);
   - "full": the evidence embedding, the layers and their weight in the score learn too;
   - `noise` adds Gaussian noise to the candidate vectors in training (a regulariser aimed at memorising them).
 """
@@ -156,8 +157,9 @@ def first_stage_ndcg(dev: list[Lists]) -> dict[str, float]:
 
 def new_model(cfg: FusionConfig, dim: int, init_layers: CMC | None = None) -> CMC:
     torch.manual_seed(cfg.seed)
-    model = CMC(CMCConfig(dim=dim, evidence=len(FEATURES)))
-    if init_layers is not None:
+    layers = 0 if cfg.regime == "linear" else CMCConfig.n_layers
+    model = CMC(CMCConfig(dim=dim, evidence=len(FEATURES), n_layers=layers))
+    if init_layers is not None and layers:
         model.layers.load_state_dict(init_layers.layers.state_dict())
     if cfg.regime == "linear":
         for p in [*model.layers.parameters(), *model.evidence.embed.parameters(), model.evidence.cmc_weight]:

@@ -9,7 +9,7 @@ import pytest
 from evaluation.backends import QueryResult
 from evaluation.dataset import load_split
 from evaluation.runner import PIPELINES, EvalConfig, collect
-from evaluation.transfer import choose_default, macro_rows, seen_subsets, transfer_report
+from evaluation.transfer import choose_default, macro_rows, merge, seen_subsets, transfer_report
 
 
 def write_beir(root: Path, name: str, queries: dict[str, str], splits: dict[str, dict[str, dict[str, int]]]) -> Path:
@@ -92,3 +92,17 @@ def test_report_end_to_end_over_three_datasets(tmp_path):
         ("macro", "all")}
     assert doc["default"] in ("be", "hybrid") and doc["rows"][0].keys() >= {
         "dataset", "subset", "pipeline", "ndcg@10", "recall@100", "latency_ms_p50"}
+
+
+def test_merge_adds_tagged_rows_and_chooses_again():
+    base_rows = [row(d, "all", p, n) for d in ("scifact", "nfcorpus", "arguana") for p, n in (("be", 0.4), ("hybrid", 0.5))]
+    base_rows += [row("scifact", "unseen", p, n) for p, n in (("be", 0.4), ("hybrid", 0.5))]
+    base = {"rows": base_rows + macro_rows(base_rows), "pipelines": ["be", "hybrid"], "default": "hybrid",
+            "command": "first"}
+    new_rows = [row(d, s, "hybrid+cmc", 0.6) for d, s in (("scifact", "all"), ("nfcorpus", "all"),
+                                                          ("arguana", "all"), ("scifact", "unseen"))]
+    merged = merge(base, {"rows": new_rows, "pipelines": ["hybrid+cmc"], "command": "second"}, "fusion")
+    assert "hybrid+cmc[fusion]" in merged["pipelines"] and merged["default"] == "hybrid+cmc[fusion]"
+    macro = {r["pipeline"]: r["ndcg@10"] for r in merged["rows"] if r["dataset"] == "macro"}
+    assert macro == {"be": 0.4, "hybrid": 0.5, "hybrid+cmc[fusion]": 0.6}
+    assert [r["command"] for r in merged["runs"]] == ["first", "second"]
