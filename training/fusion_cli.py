@@ -24,6 +24,7 @@ def register(commands) -> None:
     p.add_argument("--noise", type=float, default=0.05, help="std of candidate-vector noise for +noise variants")
     p.add_argument("--unseen-dev", type=int, default=100, help="unseen-document dev queries carved out per dataset")
     p.add_argument("--depth", type=int, default=100, help="hybrid depth, as SIEVE_HYBRID_DEPTH serves it")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate of the evidence weights")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_fusion)
 
@@ -72,7 +73,7 @@ def cmd_fusion(args: argparse.Namespace, settings) -> None:
               "first_stage_dev": first_stage_ndcg(dev_lists), "variants": {}}
     log(f"hybrid order on the dev lists: {report['first_stage_dev']}")
     for variant in variants:
-        cfg = FusionConfig(regime=variant.split("+")[0], depth=args.depth, steps=args.steps, seed=args.seed,
+        cfg = FusionConfig(regime=variant.split("+")[0], depth=args.depth, steps=args.steps, seed=args.seed, lr=args.lr,
                            noise=args.noise if variant.endswith("+noise") else 0.0, unseen_dev=args.unseen_dev)
         model, result = train(cfg, train_lists, dev_lists, biencoder.dim, biencoder.device,
                               init_layers=shipped if variant.endswith("+init") else None, log=log)
