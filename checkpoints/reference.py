@@ -22,13 +22,34 @@ def demo_documents() -> tuple[list[str], list[str]]:
     return [d["_id"] for d in docs], [f"{d['title']} {d['text']}".strip() for d in docs]
 
 
+def demo_bm25(texts: list[str], queries) -> np.ndarray:
+    """(Q, N) BM25 scores of the demo documents, with the index's own lexical part (default analyzer)."""
+    import tempfile
+
+    from index.corpus import Document
+    from index.lexical import LexicalConfig, LexicalIndex, write_lexical
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_lexical(Path(tmp), [Document(str(i), "", t) for i, t in enumerate(texts)], LexicalConfig())
+        lexical = LexicalIndex(Path(tmp), LexicalConfig(), len(texts))
+        return np.stack([lexical.scores(q) for q in queries])
+
+
 def cmc_reference(biencoder, bundle) -> dict:
-    """CMC scores of each query against all demo documents at once (in corpus order)."""
+    """CMC scores of each query against all demo documents at once (in corpus order; an evidence CMC gets the
+    features of that list, BM25 from the default analyzer)."""
+    from pipeline.evidence import features
+
     ids, texts = demo_documents()
     docs = torch.from_numpy(biencoder.encode_documents(texts, progress=False))  # (N, d)
     queries = bundle.query_tower.encode_queries(list(QUERIES)).float().cpu()  # (Q, d)
+    evidence = None
+    if bundle.config.evidence:
+        bm25 = demo_bm25(texts, QUERIES)
+        evidence = torch.stack([torch.from_numpy(features((docs @ q).numpy(), bm25[i])) for i, q in enumerate(queries)])
     with torch.inference_mode():
-        scores = bundle.model(queries, docs.unsqueeze(0).expand(len(QUERIES), -1, -1).contiguous())  # (Q, N)
+        scores = bundle.model(queries, docs.unsqueeze(0).expand(len(QUERIES), -1, -1).contiguous(), None,
+                              evidence)  # (Q, N)
     return {"queries": list(QUERIES), "doc_ids": ids, "scores": scores.tolist()}
 
 
@@ -61,9 +82,10 @@ def main() -> None:
     from models.weights import default_model_path
 
     biencoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths())
-    if checkpoints.shipped(checkpoints.CMC):
-        ref = cmc_reference(biencoder, load_cmc(checkpoints.CMC, biencoder))
-        (checkpoints.CMC / "reference.json").write_text(json.dumps(ref) + "\n", encoding="utf-8")
+    for path in (checkpoints.CMC, checkpoints.CMC_LISTWISE):
+        if checkpoints.shipped(path):
+            ref = cmc_reference(biencoder, load_cmc(path, biencoder))
+            (path / "reference.json").write_text(json.dumps(ref) + "\n", encoding="utf-8")
     if checkpoints.shipped(checkpoints.CROSS_ENCODER):
         ref = ce_reference(load_shipped_cross_encoder())
         (checkpoints.CROSS_ENCODER / "reference.json").write_text(json.dumps(ref) + "\n", encoding="utf-8")

@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     hybrid_weight_bm25: float = Field(1.0, ge=0, description="Weight of the BM25 list in the fusion.")
     # the pipeline a /search gets for the fields it leaves unset (chosen on the transfer report, RESULTS.md)
     default_rerank: Literal["cmc", "mix", "none"] = Field("cmc", description="/search `rerank` when unset.")
-    default_cross_encoder: bool = Field(True, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
+    default_cross_encoder: bool = Field(False, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
     cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped in checkpoints/cmc; 'untrained' = identity CMC (ranks as the bi-encoder).")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
+
 import checkpoints
 from checkpoints.reference import ce_reference, cmc_reference, demo_documents, load_shipped_cross_encoder, max_abs_diff
 from models.cmc_checkpoint import load_cmc, untrained_cmc
@@ -18,22 +21,28 @@ def test_settings_resolve_the_shipped_defaults(tmp_path):
     assert Settings(cross_encoder_path=tmp_path).resolved_cross_encoder_path() == tmp_path
 
 
-def test_shipped_cmc_reproduces_its_reference_scores(biencoder):
-    assert checkpoints.shipped(checkpoints.CMC), "checkpoints/cmc is missing"
-    bundle = load_cmc(checkpoints.CMC, biencoder)
-    assert bundle.query_tower is biencoder  # layers regime: the towers are the packaged bi-encoder itself
-    recorded = json.loads((checkpoints.CMC / "reference.json").read_text())
+@pytest.mark.parametrize("path", [checkpoints.CMC, checkpoints.CMC_LISTWISE], ids=["cmc-fusion", "cmc-listwise"])
+def test_shipped_cmc_reproduces_its_reference_scores(biencoder, path):
+    assert checkpoints.shipped(path), f"{path} is missing"
+    bundle = load_cmc(path, biencoder)
+    assert bundle.query_tower is biencoder  # towers from the packaged bi-encoder itself
+    recorded = json.loads((path / "reference.json").read_text())
     assert max_abs_diff(cmc_reference(biencoder, bundle), recorded) < 1e-3
-    card = (checkpoints.CMC / "model_card.md").read_text()
-    assert "sieve train cmc" in card and "nDCG@10" in card  # data, command, commit and metrics beside the weights
-    size_mb = (checkpoints.CMC / "cmc.safetensors").stat().st_size / 2**20
+    card = (path / "model_card.md").read_text()
+    assert "sieve train" in card and "nDCG@10" in card and "unseen" in card.lower()  # data, command, metrics
+    size_mb = (path / "cmc.safetensors").stat().st_size / 2**20
     assert size_mb < 50
 
 
-def test_shipped_cmc_is_not_the_identity(biencoder):
-    """A trained CMC reorders candidates: its reference scores are far from the untrained (identity) CMC's."""
-    recorded = json.loads((checkpoints.CMC / "reference.json").read_text())
+def test_shipped_cmcs_are_not_the_identity(biencoder):
+    """Trained CMCs reorder candidates: the listwise one's scores are far from the untrained (identity) CMC's; the
+    fusion one's are far from its untrained score, the prior -log(1 + position)."""
+    recorded = json.loads((checkpoints.CMC_LISTWISE / "reference.json").read_text())
     assert max_abs_diff(cmc_reference(biencoder, untrained_cmc(biencoder, share_query_tower=True)), recorded) > 0.1
+    fusion = json.loads((checkpoints.CMC / "reference.json").read_text())
+    prior = -np.log1p(np.arange(len(fusion["doc_ids"])))
+    assert np.abs(np.asarray(fusion["scores"]) - prior).max() > 0.1
+    assert load_cmc(checkpoints.CMC, biencoder).config.evidence  # the default takes first-stage evidence
 
 
 def test_shipped_cross_encoder_reproduces_its_reference_scores():
