@@ -46,7 +46,8 @@ def cmc_reference(biencoder, bundle) -> dict:
     evidence = None
     if bundle.config.evidence:
         bm25 = demo_bm25(texts, QUERIES)
-        evidence = torch.stack([torch.from_numpy(features((docs @ q).numpy(), bm25[i])) for i, q in enumerate(queries)])
+        evidence = torch.stack([torch.from_numpy(features((docs @ q).numpy(), bm25[i], bundle.config.evidence))
+                                for i, q in enumerate(queries)])
     with torch.inference_mode():
         scores = bundle.model(queries, docs.unsqueeze(0).expand(len(QUERIES), -1, -1).contiguous(), None,
                               evidence)  # (Q, N)

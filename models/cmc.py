@@ -22,6 +22,7 @@ class CMCConfig:
     ffn_mult: int = 4
     dropout: float = 0.1
     evidence: int = 0  # per-candidate first-stage features (pipeline/evidence.py); 0 = the paper's CMC
+    evidence_hidden: int = 0  # > 0: a hidden layer of this width scores the features too (a non-linear fusion)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -83,10 +84,17 @@ class Evidence(nn.Module):
             nn.init.zeros_(layer.bias)
         self.prior_weight = nn.Parameter(torch.ones(()))
         self.cmc_weight = nn.Parameter(torch.zeros(()))
+        self.mlp = None
+        if cfg.evidence_hidden:
+            self.mlp = nn.Sequential(nn.Linear(cfg.evidence, cfg.evidence_hidden), nn.GELU(),
+                                     nn.Linear(cfg.evidence_hidden, 1))
+            nn.init.zeros_(self.mlp[2].weight)  # zero output at start: identity still
+            nn.init.zeros_(self.mlp[2].bias)
 
     def score(self, features: torch.Tensor, interaction: torch.Tensor) -> torch.Tensor:
         """features (B, K, F), interaction <q', c'> (B, K) -> (B, K)."""
-        return self.prior_weight * features[..., 0] + self.linear(features).squeeze(-1) + self.cmc_weight * interaction
+        score = self.prior_weight * features[..., 0] + self.linear(features).squeeze(-1) + self.cmc_weight * interaction
+        return score if self.mlp is None else score + self.mlp(features).squeeze(-1)
 
 
 class CMC(nn.Module):

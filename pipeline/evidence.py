@@ -9,6 +9,9 @@ list in first-stage order:
   be         the inner product itself
   bm25_norm  BM25 / the list's largest BM25 (0 when no candidate shares a term with the query)
   bm25_hit   1 when the candidate shares a term with the query
+  be_z       the inner product standardised within the list (mean 0, std 1)
+  bm25_z     BM25 standardised within the list
+A model trained on the first n features is given the first n (later features are appended, never inserted).
 BM25 comes from the candidates' "bm25" column when the first stage computed it, else from the index's lexical
 part; texts outside the index (/rerank) and indexes without a lexical part have no BM25 evidence (zeros).
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FEATURES = ("prior", "be_rank", "bm25_rank", "be", "bm25_norm", "bm25_hit")
+FEATURES = ("prior", "be_rank", "bm25_rank", "be", "bm25_norm", "bm25_hit", "be_z", "bm25_z")
 
 
 def rank_feature(values: np.ndarray) -> np.ndarray:
@@ -26,13 +29,19 @@ def rank_feature(values: np.ndarray) -> np.ndarray:
     return -np.log1p(ranks)
 
 
-def features(be: np.ndarray, bm25: np.ndarray) -> np.ndarray:
-    """be, bm25: (K,) scores of a list in first-stage order -> (K, len(FEATURES)) float32."""
+def standardised(values: np.ndarray) -> np.ndarray:
+    std = values.std()
+    return (values - values.mean()) / std if std > 0 else np.zeros_like(values)
+
+
+def features(be: np.ndarray, bm25: np.ndarray, n: int = len(FEATURES)) -> np.ndarray:
+    """be, bm25: (K,) scores of a list in first-stage order -> (K, n) float32: the first n of FEATURES."""
     be, bm25 = np.asarray(be, dtype=np.float64), np.nan_to_num(np.asarray(bm25, dtype=np.float64))
     top = bm25.max(initial=0.0)
     columns = [-np.log1p(np.arange(len(be))), rank_feature(be), rank_feature(bm25), be,
-               bm25 / top if top > 0 else np.zeros_like(bm25), (bm25 > 0).astype(np.float64)]
-    return np.stack(columns, axis=1).astype(np.float32)
+               bm25 / top if top > 0 else np.zeros_like(bm25), (bm25 > 0).astype(np.float64),
+               standardised(be), standardised(bm25)]
+    return np.stack(columns[:n], axis=1).astype(np.float32)
 
 
 def bm25_of(candidates, index, query: str) -> np.ndarray:

@@ -88,7 +88,7 @@ class CMCRerank:
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
             be = vectors @ query.float().cpu().numpy()
-            evidence = features(be, bm25_of(state.candidates, self.index, state.query))
+            evidence = features(be, bm25_of(state.candidates, self.index, state.query), self.bundle.config.evidence)
         return query, vectors, state.deadline, evidence
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:

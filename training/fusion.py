@@ -11,6 +11,7 @@ Regimes, to see what guards against memorising documents:
   - "linear": only the evidence fusion (prior weight and one weight per feature) learns; the model has no
     attention layers and the interaction's weight stays 0: nothing in it can name a document (and it costs
     next to nothing to serve);
+  - "mlp": as linear, plus a hidden layer over the features (a non-linear fusion; still nothing per document);
   - "full": the evidence embedding, the layers and their weight in the score learn too;
   - `noise` adds Gaussian noise to the candidate vectors in training (a regulariser aimed at memorising them).
 """
@@ -32,7 +33,7 @@ from pipeline.evidence import FEATURES, features
 from pipeline.packing import pad_candidates
 from pipeline.searcher import SearchParams
 
-REGIMES = ("linear", "full")
+REGIMES = ("linear", "mlp", "full")
 
 
 @dataclass
@@ -157,11 +158,12 @@ def first_stage_ndcg(dev: list[Lists]) -> dict[str, float]:
 
 def new_model(cfg: FusionConfig, dim: int, init_layers: CMC | None = None) -> CMC:
     torch.manual_seed(cfg.seed)
-    layers = 0 if cfg.regime == "linear" else CMCConfig.n_layers
-    model = CMC(CMCConfig(dim=dim, evidence=len(FEATURES), n_layers=layers))
+    layers = CMCConfig.n_layers if cfg.regime == "full" else 0
+    model = CMC(CMCConfig(dim=dim, evidence=len(FEATURES), n_layers=layers,
+                          evidence_hidden=32 if cfg.regime == "mlp" else 0))
     if init_layers is not None and layers:
         model.layers.load_state_dict(init_layers.layers.state_dict())
-    if cfg.regime == "linear":
+    if cfg.regime in ("linear", "mlp"):
         for p in [*model.layers.parameters(), *model.evidence.embed.parameters(), model.evidence.cmc_weight]:
             p.requires_grad_(False)
     return model

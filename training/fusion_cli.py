@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-VARIANTS = ("linear", "full", "full+noise", "full+init")  # +noise: --noise; +init: layers from the shipped CMC
+VARIANTS = ("linear", "mlp", "full", "full+noise", "full+init")  # +noise: --noise; +init: layers from the shipped CMC
 
 
 def register(commands) -> None:

@@ -22,6 +22,8 @@ def test_features_are_the_documented_columns():
     assert f[:, 1] == pytest.approx(-np.log1p([1, 0, 2]))  # be rank within the list
     assert f[:, 2] == pytest.approx(-np.log1p([2, 1, 0]))  # bm25 rank
     assert f[:, 3] == pytest.approx(be) and f[:, 4] == pytest.approx([0, 0.5, 1]) and f[:, 5].tolist() == [0, 1, 1]
+    assert f[:, 6] == pytest.approx((be - be.mean()) / be.std(), abs=1e-6) and f[:, 7] == pytest.approx((bm25 - bm25.mean()) / bm25.std(), abs=1e-6)
+    assert features(be, bm25, 6).shape == (3, 6)  # a model trained on the first six gets those six
     assert features(be, np.zeros(3))[:, 4].tolist() == [0, 0, 0]  # no term in common: no division by zero
     assert rank_feature(np.array([1.0, 1.0])) == pytest.approx([0, -np.log(2)])  # ties keep their order
 

@@ -41,7 +41,7 @@ def synthetic(name: str, n: int, seed: int, k: int = 30, dim: int = 24) -> Lists
     return out
 
 
-@pytest.mark.parametrize("regime", ["linear", "full"])
+@pytest.mark.parametrize("regime", ["linear", "mlp", "full"])
 def test_training_learns_the_fusion_and_keeps_the_best_dev_state(regime):
     train_lists, dev = [synthetic("t", 64, 0)], [synthetic("d", 32, 1)]
     cfg = FusionConfig(regime=regime, steps=60, eval_every=20, batch_queries=16, lr=0.05, noise=0.0)
@@ -50,6 +50,6 @@ def test_training_learns_the_fusion_and_keeps_the_best_dev_state(regime):
     assert result["start"]["macro"] == pytest.approx(start)  # an untrained model is the first stage
     assert result["best_dev_macro"] > start + 0.3 and result["best_step"] > 0
     assert model.evidence.linear.weight[0, 4] > 0  # bm25_norm learned as evidence of relevance
-    if regime == "linear":  # nothing that can name a candidate moved
+    if regime in ("linear", "mlp"):  # nothing that can name a candidate moved
         assert float(model.evidence.cmc_weight) == 0 and not model.evidence.embed.weight.any()
         assert len(model.layers) == 0
