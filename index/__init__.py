@@ -5,7 +5,7 @@ from .builder import add_documents, add_store, build_index, delete_documents
 from .changes import apply_changes
 from .corpus import Document, corpus_hash, read_beir_corpus, read_qrels, read_queries
 from .encoder import DocumentEncoder
-from .errors import (IndexFormatError, IndexMismatchError, IndexNotFoundError,
+from .errors import (IndexDiskFullError, IndexFormatError, IndexMismatchError, IndexNotFoundError,
                      UnknownDocumentError)
 from .manifest import FORMAT_VERSION, Manifest, check_manifest
 from .search_index import SearchIndex
@@ -14,7 +14,7 @@ from .vectors import build_faiss, to_device
 __all__ = [
     "Document", "corpus_hash", "read_beir_corpus", "read_qrels", "read_queries",
     "DocumentEncoder", "IndexFormatError", "IndexMismatchError", "IndexNotFoundError",
-    "UnknownDocumentError", "FORMAT_VERSION", "Manifest", "check_manifest",
+    "UnknownDocumentError", "IndexDiskFullError", "FORMAT_VERSION", "Manifest", "check_manifest",
     "build_index", "add_documents", "delete_documents", "add_store", "SearchIndex",
     "build_faiss", "to_device", "apply_changes",
 ]

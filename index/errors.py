@@ -41,3 +41,7 @@ class UnknownDocumentError(KeyError):
     def __str__(self) -> str:
         # KeyError.__str__ would repr() the message, adding quotes.
         return self.message
+
+
+class IndexDiskFullError(OSError):
+    """A new version did not fit on the index's filesystem; the live version is unchanged."""

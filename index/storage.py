@@ -27,17 +27,21 @@ def store_path(version_dir: Path, name: str | None) -> Path:
 
 def write_embeddings(path: Path, parts: Iterable[np.ndarray], shape: tuple[int, int],
                      dtype: str) -> None:
-    """Write row blocks (concatenated in order) into a new .npy of `dtype`."""
+    """Write row blocks (concatenated in order) into a new .npy of `dtype`.
+
+    Plain writes, not a memory map: on a full filesystem a write through a map is a SIGBUS that kills the
+    process, a plain write is an OSError (ENOSPC) the caller can answer."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=shape)
+    dt = np.dtype(dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": tuple(shape)}
     start = 0
-    for part in parts:
-        out[start:start + len(part)] = part
-        start += len(part)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        for part in parts:
+            f.write(np.ascontiguousarray(part, dtype=dt).tobytes())
+            start += len(part)
     if start != shape[0]:
         raise ValueError(f"wrote {start} embedding rows into {path}, expected {shape[0]}")
-    out.flush()
-    del out
 
 
 def open_embeddings(path: Path) -> np.memmap:

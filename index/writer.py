@@ -1,6 +1,9 @@
 """Writing one complete index version: the step shared by build, add, delete, add_store."""
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -9,6 +12,7 @@ import faiss
 import numpy as np
 
 from .corpus import Document, corpus_hash
+from .errors import IndexDiskFullError
 from .layout import commit_version, current_version_dir, staging_dir
 from .lexical import LEXICAL_DIR, LexicalConfig, write_lexical
 from .manifest import Manifest, read_manifest, utc_now, write_manifest
@@ -67,21 +71,49 @@ def finish_manifest(manifest: Manifest, docs: list[Document], version: int) -> M
 
 def write_version(index_dir: Path, plan: VersionPlan) -> Manifest:
     """Stage, fsync and atomically publish a version (caller holds the writer lock)."""
-    m = plan.manifest
     with staging_dir(index_dir) as tmp:
-        if plan.docs is not None:
-            write_docs(tmp / DOCS_FILE, plan.docs)
-        for name, rows in plan.arrays.items():
-            write_embeddings(store_path(tmp, name), rows.parts(), rows.shape, m.dtype)
-        for rel, src in plan.reuse.items():
-            link_or_copy(src, tmp / rel)
-        if FAISS_FILE not in plan.reuse:
-            _write_faiss(tmp, m)
-        if m.lexical and plan.docs is not None:  # same documents, same version: dense and lexical move together
-            write_lexical(tmp, plan.docs, LexicalConfig.from_dict(m.lexical))
-        write_manifest(tmp, m)
-        commit_version(index_dir, tmp, m.version)
-    return m
+        try:
+            _stage_and_commit(index_dir, tmp, plan)
+        except (OSError, RuntimeError, sqlite3.Error) as exc:  # faiss and SQLite report a full disk in their own way
+            if _disk_full(exc, index_dir):
+                raise IndexDiskFullError(errno.ENOSPC, f"no space left for index version {plan.manifest.version} "
+                                         f"in {index_dir}; the live version is unchanged: {exc}") from exc
+            raise
+    return plan.manifest
+
+
+def _disk_full(exc: BaseException, index_dir: Path) -> bool:
+    """ENOSPC/EDQUOT anywhere in the chain, or a write error while (almost) no space is left (checked before
+    the staging directory is removed, which frees the space again)."""
+    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _chain(exc)):
+        return True
+    st = os.statvfs(index_dir)
+    return st.f_bavail * st.f_frsize < _ALMOST_FULL_BYTES
+
+
+_ALMOST_FULL_BYTES = 1 << 20
+
+
+def _chain(exc: BaseException | None):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _stage_and_commit(index_dir: Path, tmp: Path, plan: VersionPlan) -> None:
+    m = plan.manifest
+    if plan.docs is not None:
+        write_docs(tmp / DOCS_FILE, plan.docs)
+    for name, rows in plan.arrays.items():
+        write_embeddings(store_path(tmp, name), rows.parts(), rows.shape, m.dtype)
+    for rel, src in plan.reuse.items():
+        link_or_copy(src, tmp / rel)
+    if FAISS_FILE not in plan.reuse:
+        _write_faiss(tmp, m)
+    if m.lexical and plan.docs is not None:  # same documents, same version: dense and lexical move together
+        write_lexical(tmp, plan.docs, LexicalConfig.from_dict(m.lexical))
+    write_manifest(tmp, m)
+    commit_version(index_dir, tmp, m.version)
 
 
 def _write_faiss(version_dir: Path, m: Manifest) -> None:

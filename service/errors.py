@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from index import UnknownDocumentError
+from index import IndexDiskFullError, UnknownDocumentError
 from pipeline.errors import RequestError
 
 log = logging.getLogger("sieve")
@@ -47,6 +47,11 @@ async def on_unknown_documents(request: Request, exc: UnknownDocumentError) -> J
                       allowed="ids of indexed documents, or give the text")
 
 
+async def on_disk_full(request: Request, exc: IndexDiskFullError) -> JSONResponse:
+    return error_body(507, "insufficient_storage", exc.strerror or "no space left on the index filesystem",
+                      allowed="retry once the index filesystem has space; nothing of this write was applied")
+
+
 HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
               413: "body_too_large", 429: "rate_limited"}
 
@@ -65,5 +70,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(RequestError, on_request_error)
     app.add_exception_handler(UnknownDocumentError, on_unknown_documents)
+    app.add_exception_handler(IndexDiskFullError, on_disk_full)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -137,3 +137,34 @@ def guarded_server(demo_index, tmp_path_factory, redis_prefix):
 
 def auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture()
+def own_redis(tmp_path):
+    """A private redis-server on a free port (never the machine's 6379): tests may kill, stop or stall it."""
+    import shutil
+    import subprocess
+    import time
+
+    from tests.server import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if __import__("os").environ.get("CI"):
+            pytest.fail("redis-server is missing in CI")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+            break
+        time.sleep(0.1)
+    yield proc, port
+    if proc.poll() is None:
+        import signal
+
+        proc.send_signal(signal.SIGCONT)  # a test that stalled it may have failed before resuming it
+        proc.kill()
+        proc.wait()

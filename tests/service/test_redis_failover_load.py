@@ -3,40 +3,16 @@ fails; the server counts the Redis errors and goes on uncached."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import threading
 import time
 
 import httpx
-import pytest
 
-from tests.server import Server, free_port
+from tests.server import Server
 
 DURATION_S, CLIENTS = 60, 16
 QUERIES = ["how do volcanoes erupt", "baking bread", "jazz improvisation", "galaxies and telescopes", "roman roads",
            "database transactions", "protein folding", "bicycle gears"]
-
-
-@pytest.fixture()
-def own_redis(tmp_path):
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if __import__("os").environ.get("CI"):
-            pytest.fail("redis-server is missing in CI")
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
-            break
-        time.sleep(0.1)
-    yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
 
 
 def test_no_request_fails_when_redis_dies_under_load(own_redis, demo_index, tmp_path):
