@@ -12,7 +12,7 @@ from service.routes import ComponentsDep, ERRORS, Guarded, MetricsDep, SettingsD
 from service.updates import IndexUpdater
 
 router = APIRouter()
-WRITE_ERRORS = {**ERRORS, **{code: {"model": schemas.ErrorResponse} for code in (404, 409)}}
+WRITE_ERRORS = {**ERRORS, **{code: {"model": schemas.ErrorResponse} for code in (404, 409, 507)}}  # 507: disk full
 DocId = Annotated[str, Path(min_length=1, max_length=schemas.DOC_ID_MAX_CHARS, description="Document id.")]
 
 
