@@ -19,7 +19,7 @@ def test_default_server_serves_hybrid_then_the_shipped_fusion_cmc(shipped_server
     """No settings, no request flags: hybrid first stage -> fusion CMC; the cross-encoder is loaded but off."""
     with shipped_server.client() as client:
         models = client.get("/readyz").json()["models"]
-        assert models["cmc"] == "cmc-fusion-linear" and models["cross_encoder"] == "cross-encoder"
+        assert models["cmc"] == "cmc-fusion-mlp" and models["cross_encoder"] == "cross-encoder"
         hits = client.post("/search", json={"query": "how do volcanoes erupt", "top_k": 10})
     assert hits.status_code == 200, hits.text
     body = hits.json()
