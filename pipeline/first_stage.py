@@ -13,6 +13,7 @@ import numpy as np
 
 from index.lexical import top_positive
 from pipeline.candidates import Candidates
+from pipeline.stages import FirstStage
 from pipeline.state import QueryState
 
 RRF_K = 60
@@ -44,15 +45,8 @@ def inner_products(index, rows: np.ndarray, query_vector) -> np.ndarray:
     return (index.embeddings(rows) @ query).astype(np.float32)
 
 
-class LexicalRetrieve:
+class LexicalRetrieve(FirstStage):
     """BM25 over the index's lexical part. Only documents sharing a term with the query are returned."""
-
-    name = "retrieve"
-    skippable = False
-
-    def __init__(self, index, k: int):
-        self.index = index
-        self.k = k
 
     def __call__(self, state: QueryState) -> QueryState:
         with state.timed("bm25"):
@@ -64,15 +58,11 @@ class LexicalRetrieve:
         return state
 
 
-class HybridRetrieve:
+class HybridRetrieve(FirstStage):
     """The bi-encoder's and BM25's top `depth` each, fused by reciprocal rank; the union (up to k) in fused order."""
 
-    name = "retrieve"
-    skippable = False
-
     def __init__(self, index, k: int, config: HybridConfig = HybridConfig()):
-        self.index = index
-        self.k = k
+        super().__init__(index, k)
         self.config = config
 
     def __call__(self, state: QueryState) -> QueryState:

@@ -44,8 +44,8 @@ class BatchedStage(Stage, Protocol):
     def finish(self, state: QueryState, result: Any) -> QueryState: ...
 
 
-class Retrieve:
-    """Maximum inner-product search of the bi-encoder query vector over the index."""
+class FirstStage:
+    """A stage that produces the candidates (the top k of the index); never skipped for lack of time."""
 
     name = "retrieve"
     skippable = False
@@ -53,6 +53,10 @@ class Retrieve:
     def __init__(self, index, k: int):
         self.index = index
         self.k = k
+
+
+class Retrieve(FirstStage):
+    """Maximum inner-product search of the bi-encoder query vector over the index."""
 
     def __call__(self, state: QueryState) -> QueryState:
         query = state.query_vectors["be"].float().cpu().numpy()[None, :]  # (1, d)
