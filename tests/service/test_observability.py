@@ -137,7 +137,8 @@ def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus,
         signal = COMPARISON.sub("", rule["expr"])
         assert signal != rule["expr"], f"{rule['alert']}: expected '<signal> <comparison> <threshold>'"
         assert query(prometheus, signal), f"{rule['alert']}: {signal} returns no data"
-    # The ratios measure this traffic, not a default: no 5xx was answered, and one of several /search and /rerank answers was partial.
+    # The ratios measure this traffic, not a default: no 5xx was answered, and one of several /search and /rerank
+    # answers was partial.
     signals = {r["alert"]: COMPARISON.sub("", r["expr"]) for r in alert_rules()}
     assert [float(s["value"][1]) for s in query(prometheus, signals["SieveErrorRate"])] == [0.0]
     partial = [float(s["value"][1]) for s in query(prometheus, signals["SievePartialResponses"])]
