@@ -101,6 +101,22 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
              ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
 
 
+def document_optional_auth(app: FastAPI) -> None:
+    """Without API keys the Bearer header is optional: say so in the OpenAPI (`{}` in each `security` list), so
+    clients and schema fuzzers do not treat a request without it as invalid."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if operation.get("security") and {} not in operation["security"]:
+                    operation["security"].append({})
+        return schema
+
+    app.openapi = openapi
+
+
 def create_app(settings: Settings | None = None,
                loader: Callable[[Settings], Components] = load_components) -> FastAPI:
     """`loader` is the seam for tests that need a fake model; production uses load_components."""
@@ -120,6 +136,8 @@ def create_app(settings: Settings | None = None,
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(routes_documents.router)
+    if not settings.keys():
+        document_optional_auth(app)
     app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)

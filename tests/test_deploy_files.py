@@ -365,6 +365,19 @@ def test_grafana_is_provisioned_with_the_dashboard_and_the_prometheus_datasource
         assert topic in titles, f"the dashboard has no panel about {topic}"
 
 
+
+def test_no_alert_or_panel_papers_over_a_missing_series_with_a_constant():
+    """`or vector(0)` turns a renamed or never-exported metric into a quiet 0: the alert can never fire and the
+    panel looks healthy. tests/service/test_observability.py checks each expression on real data instead."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "sieve.json").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) > 10
+    padded = [e for e in exprs if re.search(r"\bor\s+(on\s*\(\)\s*)?vector\(", e)]
+    assert not padded, padded
+
+
 # ---------------------------------------------------------------- (i) Kubernetes manifests
 
 def k8s_documents() -> dict[str, dict]:

@@ -56,7 +56,7 @@ def test_exact_top_k_from_a_low_rank_cross_encoder(built, docs, tmp_path):
     anncur.close()
 
 
-def test_r_anc_resumes_after_a_crash_and_is_reused_for_other_anchors(built, docs, tmp_path):
+def test_r_anc_resumes_after_an_interruption_and_is_reused_for_other_anchors(built, docs, tmp_path):
     queries = dict(list(QUERIES.items())[:12])
     out = tmp_path / "anncur"
     crashing = FakeCrossEncoder(fail_after=5)  # dies in the second chunk of 4 queries

@@ -15,8 +15,8 @@ from .conftest import make_docs
 NEW = [Document("new", "", "zebra quokka")]
 
 
-def _crash(*_args, **_kwargs):
-    raise OSError("simulated crash")
+def _fail(*_args, **_kwargs):
+    raise OSError("simulated failure")
 
 
 def _assert_v1_intact(index_dir: Path, docs) -> None:
@@ -27,10 +27,10 @@ def _assert_v1_intact(index_dir: Path, docs) -> None:
         assert index.embeddings([0, 299]).shape == (2, 32)
 
 
-def test_crash_at_current_switch_keeps_old_version(built: Path, docs, encoder,
-                                                   monkeypatch) -> None:
-    monkeypatch.setattr(os, "replace", _crash)
-    with pytest.raises(OSError, match="simulated crash"):
+def test_failure_at_current_switch_keeps_old_version(built: Path, docs, encoder,
+                                                     monkeypatch) -> None:
+    monkeypatch.setattr(os, "replace", _fail)
+    with pytest.raises(OSError, match="simulated failure"):
         add_documents(built, NEW, {"primary": encoder})
     monkeypatch.undo()
     _assert_v1_intact(built, docs)
@@ -41,10 +41,10 @@ def test_crash_at_current_switch_keeps_old_version(built: Path, docs, encoder,
 
 
 @pytest.mark.parametrize("target", ["write_index", "rename"])
-def test_crash_while_staging_leaves_no_trace(built: Path, docs, encoder, monkeypatch,
-                                             target) -> None:
-    monkeypatch.setattr(faiss if target == "write_index" else os, target, _crash)
-    with pytest.raises(OSError, match="simulated crash"):
+def test_failure_while_staging_leaves_no_trace(built: Path, docs, encoder, monkeypatch,
+                                               target) -> None:
+    monkeypatch.setattr(faiss if target == "write_index" else os, target, _fail)
+    with pytest.raises(OSError, match="simulated failure"):
         delete_documents(built, ["d1"])
     monkeypatch.undo()
     _assert_v1_intact(built, docs)

@@ -1,10 +1,12 @@
 """Alerts that fire, not only load: the real Prometheus scrapes a real Sieve whose own Redis is then killed, and
-SieveRedisDown must go pending and then firing (and be inactive while Redis is up). The rules are those of
-deploy/prometheus/alerts.yml with SieveRedisDown's `for: 1m` shortened to 2 s so the test takes seconds."""
+SieveRedisDown must go pending and then firing (and be inactive while Redis is up); a Sieve with room for one
+request at a time is flooded, and SieveOverloaded must fire. The rules are those of deploy/prometheus/alerts.yml with
+the tested alert's `for:` shortened to 2 s so the test takes seconds; the expressions are unchanged."""
 from __future__ import annotations
 
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -85,6 +87,41 @@ def test_redis_down_alert_fires_when_redis_is_killed(own_redis, demo_index, tmp_
 
         poll(firing, 60, "SieveRedisDown firing after Redis was killed", search)
         print(f"\nSieveRedisDown states seen after the kill: {sorted(states)}")
+    finally:
+        prom_proc.terminate()
+        prom_proc.wait(30)
+        server.stop()
+
+
+def test_overloaded_alert_fires_when_requests_are_refused_for_max_inflight(demo_index, tmp_path):
+    """SIEVE_MAX_INFLIGHT=1 and 8 clients searching at once: most answers are 429 `overloaded`. The rule's
+    rate over [5m] must pass 1/s, so the flood goes on (a few hundred cheap refusals) until the alert fires."""
+    server = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_MAX_INFLIGHT": "1", "SIEVE_CACHE_ENABLED": "false"},
+                    tmp_path / "server.log")
+    prom_proc, prom = start_prometheus(server.url.split("//")[1],
+                                       rules_with_short_for(tmp_path / "alerts.yml", "SieveOverloaded"), tmp_path)
+    statuses: list[int] = []
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            for i in range(25):
+                statuses.append(http.post("/search", json={"query": f"volcano {n} {i}", "top_k": 3}).status_code)
+
+    def flood() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(client, range(8)))
+
+    try:
+        poll(lambda: alert_state(prom, "SieveOverloaded") == "inactive", 60, "Prometheus evaluates the rules")
+        states = set()
+
+        def firing() -> bool:
+            states.add(alert_state(prom, "SieveOverloaded"))
+            return "firing" in states
+
+        poll(firing, 120, "SieveOverloaded firing under a flood of 429s", flood)
+        assert statuses.count(429) > 300 and 200 in statuses, (statuses.count(429), len(statuses))
+        print(f"\nSieveOverloaded states seen: {sorted(states)}; {statuses.count(429)} of {len(statuses)} were 429")
     finally:
         prom_proc.terminate()
         prom_proc.wait(30)

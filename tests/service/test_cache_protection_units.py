@@ -96,9 +96,26 @@ def test_rate_limiter_in_redis_with_a_local_fallback(redis_prefix):
         fallback.check("c")
 
 
-def test_api_keys_in_constant_time_by_id():
+def test_api_keys_are_compared_with_hmac_compare_digest_and_named_by_id(monkeypatch):
+    """No timing is measured (too noisy for CI): the check is that every key comparison goes through
+    hmac.compare_digest, the constant-time comparison, and that callers are named by a key id, not the key."""
+    import hmac
+
+    import service.protection
+
+    compared, compare_digest = [], hmac.compare_digest
+
+    def spy(a, b):
+        compared.append(a)
+        return compare_digest(a, b)
+
+    monkeypatch.setattr(service.protection.hmac, "compare_digest", spy)
     auth = Authenticator({"secret-one", "secret-two"})
     assert auth.identify("Bearer secret-two") == key_id("secret-two") != "secret-two"
+    assert compared and set(compared) == {b"secret-two"}
+    with pytest.raises(Unauthorized):
+        auth.identify("Bearer wrong")
+    assert compared.count(b"wrong") == 2  # compared against every key, each in constant time
     for header in (None, "", "Bearer", "Bearer wrong", "Basic secret-one", "secret-one"):
         with pytest.raises(Unauthorized):
             auth.identify(header)

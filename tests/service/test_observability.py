@@ -137,6 +137,12 @@ def test_dashboard_and_alert_expressions_return_data(guarded_server, prometheus,
         signal = COMPARISON.sub("", rule["expr"])
         assert signal != rule["expr"], f"{rule['alert']}: expected '<signal> <comparison> <threshold>'"
         assert query(prometheus, signal), f"{rule['alert']}: {signal} returns no data"
+    # The ratios measure this traffic, not a default: no 5xx was answered, and one of several /search and /rerank
+    # answers was partial.
+    signals = {r["alert"]: COMPARISON.sub("", r["expr"]) for r in alert_rules()}
+    assert [float(s["value"][1]) for s in query(prometheus, signals["SieveErrorRate"])] == [0.0]
+    partial = [float(s["value"][1]) for s in query(prometheus, signals["SievePartialResponses"])]
+    assert len(partial) == 1 and 0 < partial[0] < 1, partial
     groups = httpx.get(f"{prometheus}/api/v1/rules").json()["data"]["groups"]
     loaded = {r["name"]: r["health"] for g in groups for r in g["rules"]}
     assert set(loaded) == {r["alert"] for r in alert_rules()} and set(loaded.values()) == {"ok"}, loaded

@@ -9,8 +9,8 @@ import pytest
 import schemathesis  # the [test] extra: imported, never skipped
 import uvicorn
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_headers_conformance,
-                                 response_schema_conformance, status_code_conformance)
+from schemathesis.checks import (content_type_conformance, negative_data_rejection, not_a_server_error,
+                                 response_headers_conformance, response_schema_conformance, status_code_conformance)
 
 from index import SearchIndex, build_index, read_beir_corpus
 from models.cmc_checkpoint import untrained_cmc
@@ -25,6 +25,10 @@ from tests.server import free_port
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
+# Negative mode also demands a 4xx for every body, path or query the schema forbids: a 200 there is a defect.
+# 413 is a rejection too (a generated body over SIEVE_MAX_BODY_BYTES); 5xx is left to not_a_server_error.
+NEGATIVE_CHECKS = [*CHECKS, negative_data_rejection]
+REJECTIONS = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,9 @@ def test_api_conforms_to_its_schema(fake_server, mode):
     Hypothesis is driven by hand here: schemathesis.pytest.from_fixture does not run on this pytest."""
     from schemathesis import GenerationMode
 
-    schema = schemathesis.openapi.from_url(f"{fake_server}/openapi.json")
+    config = schemathesis.config.SchemathesisConfig.from_dict(
+        {"checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}}})
+    schema = schemathesis.openapi.from_url(f"{fake_server}/openapi.json", config=config)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {f"{op.method.upper()} {op.path}" for op in operations} >= {
         "POST /search", "POST /rerank", "POST /documents", "DELETE /documents/{doc_id}", "GET /documents/{doc_id}",
@@ -75,6 +81,6 @@ def test_api_conforms_to_its_schema(fake_server, mode):
         @settings(max_examples=OPERATION_EXAMPLES, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case):
-            case.call_and_validate(checks=CHECKS)
+            case.call_and_validate(checks=NEGATIVE_CHECKS if mode == "negative" else CHECKS)
 
         check()
