@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.errors import error_body
 from service.metrics import Metrics
 
-WORK_PREFIXES = ("/search", "/rerank", "/documents", "/admin")
+WORK_PREFIXES = ("/search", "/rerank", "/v2/rerank", "/documents", "/admin")
 
 # Token bucket in one atomic script, on Redis's clock (replicas of Sieve may disagree on theirs).
 TOKEN_BUCKET_LUA = """

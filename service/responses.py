@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 
 from pipeline.searcher import Outcome
 from service import schemas
@@ -52,3 +53,15 @@ def rerank_response(outcome: Outcome, items, model: str, return_documents: bool)
     return schemas.RerankResponse(results=results, timings_ms=state.timings_ms, model=model,
                                   index_version=outcome.index_version, warnings=state.warnings,
                                   partial=state.partial, skipped=list(state.skipped))
+
+
+def cohere_rerank_response(outcome: Outcome, n_documents: int) -> schemas.CohereRerankResponse:
+    """Cohere v2 shape; what Sieve's /rerank says in `partial`/`skipped` goes to meta.warnings."""
+    reply = rerank_response(outcome, [None] * n_documents, outcome.final_stage, return_documents=False)
+    warnings = list(reply.warnings)
+    if reply.partial:
+        warnings.append(f"partial: skipped {', '.join(reply.skipped)} for lack of time; the fallback order is returned")
+    results = [schemas.CohereRerankResult(index=r.index, relevance_score=r.relevance_score) for r in reply.results]
+    meta = schemas.CohereMeta(billed_units=schemas.CohereBilledUnits(search_units=-(-n_documents // 100)),
+                              warnings=warnings)
+    return schemas.CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)

@@ -2,6 +2,7 @@
 thread pool; model work runs in the per-model batch workers, never on the event loop."""
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated
 
@@ -18,7 +19,7 @@ from service.components import Components
 from service.config import Settings
 from service.metrics import Metrics
 from service.protection import RateLimited, Unauthorized
-from service.responses import rerank_response, search_response
+from service.responses import cohere_rerank_response, rerank_response, search_response
 
 router = APIRouter()
 ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
@@ -135,6 +136,44 @@ def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: Set
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
     return rerank_response(outcome, items, body.model, body.return_documents)
+
+
+COHERE_MODELS = ("ce", "cmc")
+WORD = re.compile(r"\S+")
+
+
+def sieve_model(name: str, searcher) -> str:
+    """`ce` / `cmc` as named; a Cohere model name (`rerank-v3.5`, ...) = the default reranker of this server."""
+    if name in COHERE_MODELS:
+        return name
+    if name.startswith("rerank-"):
+        return "ce" if searcher.cross_encoder is not None else "cmc"
+    raise RequestError(f"model {name!r} is not supported", field="model",
+                       allowed="ce | cmc | a Cohere name rerank-* (the cross-encoder when loaded, else cmc)")
+
+
+def first_words(text: str, max_words: int | None) -> str:
+    """The text up to its max_words-th whitespace-separated word (the text itself when shorter or no limit)."""
+    if max_words is None:
+        return text
+    ends = [m.end() for _, m in zip(range(max_words), WORD.finditer(text))]
+    return text[:ends[-1]] if len(ends) == max_words else text
+
+
+@router.post("/v2/rerank", response_model=schemas.CohereRerankResponse, responses=ERRORS, tags=["search"],
+             dependencies=Guarded)
+def cohere_rerank(body: schemas.CohereRerankRequest, components: ComponentsDep, settings: SettingsDep,
+                  metrics: MetricsDep):
+    """Cohere's v2 rerank shape (works with `cohere.ClientV2(base_url=...)`), same models and limits as /rerank."""
+    check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
+    model = sieve_model(body.model, components.searcher)
+    items = [RerankItem(text=first_words(d, body.max_tokens_per_doc)) for d in body.documents]
+    outcome = components.searcher.rerank(body.query, items, model, body.top_n or len(items),
+                                         settings.default_timeout_ms, settings.rerank_max_tokens)
+    metrics.observe(outcome.state.timings_ms, outcome.state.counts)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/v2/rerank", skipped=",".join(outcome.state.skipped)).inc()
+    return cohere_rerank_response(outcome, len(items))
 
 
 @router.get("/healthz", response_model=schemas.Health, tags=["health"])

@@ -176,6 +176,46 @@ class RerankResponse(Reply):
     skipped: list[str] = Field(default_factory=list, description="Stages skipped for lack of time (cmc or ce).")
 
 
+# -- /v2/rerank (Cohere v2 shape) -----------------------------------------------------------------------------
+class CohereRerankRequest(Strict):
+    model: str = Field(..., description="Reranker: `ce`, `cmc`, or a Cohere name (`rerank-...`) = this server's "
+                       "default reranker (the cross-encoder when loaded, else CMC).")
+    query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
+    documents: list[Annotated[Text, Field(min_length=1)]] = Field(
+        ..., min_length=1, description="Texts (at most SIEVE_RERANK_MAX_DOCUMENTS).")
+    top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
+    max_tokens_per_doc: int | None = Field(None, ge=1, description="Cut each document after this many "
+                                           "whitespace-separated words before the model reads it; default no cut.")
+    priority: int | None = Field(None, ge=0, description="Accepted for Cohere clients; ignored.")
+
+
+class CohereRerankResult(Reply):
+    index: int = Field(..., description="Position of the document in the request.")
+    relevance_score: float | None = Field(..., description="Score of the chosen reranker (raw: a CE logit or CMC "
+                                          "inner product, not Cohere's [0, 1]); null when the cross-encoder was "
+                                          "skipped for lack of time (meta.warnings says so).")
+
+
+class CohereApiVersion(Reply):
+    version: str = "2"
+
+
+class CohereBilledUnits(Reply):
+    search_units: int = Field(..., description="One per started 100 documents, as Cohere counts.")
+
+
+class CohereMeta(Reply):
+    api_version: CohereApiVersion = Field(default_factory=CohereApiVersion)
+    billed_units: CohereBilledUnits
+    warnings: list[str] = Field(default_factory=list, description="E.g. query truncated, reranker skipped.")
+
+
+class CohereRerankResponse(Reply):
+    id: str = Field(..., description="Request id.")
+    results: list[CohereRerankResult] = Field(..., description="Documents ranked best first.")
+    meta: CohereMeta
+
+
 # -- /documents and /admin ----------------------------------------------------------------------------------
 class DocumentIn(Strict):
     id: DocumentId = Field(..., min_length=1, max_length=DOC_ID_MAX_CHARS, description="Document id; an existing id is replaced (no control characters).")
