@@ -197,7 +197,7 @@ class CohereRerankResult(Reply):
 
 
 class CohereApiVersion(Reply):
-    version: str = "2"
+    version: str = Field("2", description="Cohere API version this shape follows.")
 
 
 class CohereBilledUnits(Reply):
@@ -205,15 +205,15 @@ class CohereBilledUnits(Reply):
 
 
 class CohereMeta(Reply):
-    api_version: CohereApiVersion = Field(default_factory=CohereApiVersion)
-    billed_units: CohereBilledUnits
+    api_version: CohereApiVersion = Field(default_factory=CohereApiVersion, description="Cohere API version.")
+    billed_units: CohereBilledUnits = Field(..., description="What Cohere would bill: search units.")
     warnings: list[str] = Field(default_factory=list, description="E.g. query truncated, reranker skipped.")
 
 
 class CohereRerankResponse(Reply):
     id: str = Field(..., description="Request id.")
     results: list[CohereRerankResult] = Field(..., description="Documents ranked best first.")
-    meta: CohereMeta
+    meta: CohereMeta = Field(..., description="API version, billed units and warnings.")
 
 
 # -- /documents and /admin ----------------------------------------------------------------------------------
