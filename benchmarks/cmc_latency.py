@@ -182,7 +182,9 @@ def search_latency(n_queries: int, warmup: int) -> dict:
 def machine() -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
     return {"cpu": models[0] if models else platform.processor(), "cores": os.cpu_count(),
+            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "platform": platform.platform(), "load_avg_start": list(os.getloadavg())}
 

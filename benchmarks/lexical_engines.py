@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import sys
 import tempfile
@@ -22,20 +21,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cmc_latency import machine  # noqa: E402
 from evaluation.dataset import load_split  # noqa: E402
 from evaluation.summary import quality  # noqa: E402
 from index import Document, read_beir_corpus  # noqa: E402
 from index.lexical import LexicalConfig, LexicalIndex, write_lexical  # noqa: E402
-
-
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    return [model] + sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
 
 
 class Bm25s:
@@ -143,7 +133,7 @@ def main() -> None:
               f"{r['recall@100']} | {r['write_1_doc_ms_p50']} |")
     if args.out:
         doc = {"dataset": data.name, "split": "test", "queries": len(queries), "docs": len(docs),
-               "machine": {"platform": platform.platform(), "cpu": cpu_flags()},
+               "machine": machine(),
                "settings": {"bm25s": "lucene BM25 k1 1.5 b 0.75, english stop words + PyStemmer english",
                             "tantivy": "BM25 (k1 1.2, b 0.75 built in), en_stem tokenizer (no stop words), "
                                        "query = its words OR-ed"},

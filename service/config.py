@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     default_cross_encoder: bool = Field(False, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
-    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped in checkpoints/cmc; 'untrained' = identity CMC (ranks as the bi-encoder).")
+    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped in checkpoints/cmc-fusion (the paper-style one: checkpoints/cmc); 'untrained' = identity CMC (ranks as the bi-encoder).")
     # cross-encoder
     cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage.")
     cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = the trained default shipped in checkpoints/cross-encoder (CE stage off when none is shipped).")
