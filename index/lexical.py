@@ -68,15 +68,11 @@ class Analyzer:
                               show_progress=False)
 
 
-def _document_texts(docs) -> list[str]:
-    return [f"{d.title}\n{d.text}" if d.title else d.text for d in docs]
-
-
 def write_lexical(version_dir: Path, docs, config: LexicalConfig) -> None:
     """Build BM25 over `docs` (rows in their order) and save it under version_dir/bm25 (the caller fsyncs)."""
     import bm25s
 
-    terms = Analyzer(config).terms(_document_texts(docs))
+    terms = Analyzer(config).terms([d.full_text for d in docs])
     retriever = bm25s.BM25(k1=config.k1, b=config.b)
     retriever.index(terms, show_progress=False)
     retriever.save(str(version_dir / LEXICAL_DIR))

@@ -44,6 +44,13 @@ def features(be: np.ndarray, bm25: np.ndarray, n: int = len(FEATURES)) -> np.nda
     return np.stack(columns[:n], axis=1).astype(np.float32)
 
 
+def be_of(candidates, vectors: np.ndarray, query_vector) -> np.ndarray:
+    """The candidates' bi-encoder inner products: the hybrid stage's "be" column, else vectors @ query."""
+    if "be" in candidates.scores:
+        return candidates.scores["be"]
+    return vectors @ query_vector.float().cpu().numpy()
+
+
 def bm25_of(candidates, index, query: str) -> np.ndarray:
     """The candidates' BM25 scores: their own column, else the index's lexical part, else zeros."""
     if "bm25" in candidates.scores:

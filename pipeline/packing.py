@@ -29,18 +29,23 @@ def chunks_under_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return chunks
 
 
+def pad_lists(lists: Sequence[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """B arrays (K_b, ...) -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows."""
+    longest = max(len(c) for c in lists)
+    padded = torch.zeros(len(lists), longest, *np.shape(lists[0])[1:], dtype=torch.float32)  # (B, K, ...)
+    mask = torch.zeros(len(lists), longest, dtype=torch.bool)  # (B, K)
+    for b, c in enumerate(lists):
+        padded[b, :len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
+        mask[b, :len(c)] = True
+    return padded.to(device), mask.to(device)
+
+
 def pad_candidates(queries: Sequence[torch.Tensor], lists: Sequence[np.ndarray],
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """B queries (d,) and B candidate arrays (K_b, d) -> query (B, d), candidates (B, K, d), mask (B, K)."""
-    longest = max(len(c) for c in lists)
-    d = lists[0].shape[1]
-    cands = torch.zeros(len(lists), longest, d, dtype=torch.float32)  # (B, K, d)
-    mask = torch.zeros(len(lists), longest, dtype=torch.bool)  # (B, K)
-    for b, c in enumerate(lists):
-        cands[b, :len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
-        mask[b, :len(c)] = True
+    cands, mask = pad_lists(lists, device)
     query = torch.stack([q.float().to("cpu") for q in queries])  # (B, d)
-    return query.to(device), cands.to(device), mask.to(device)
+    return query.to(device), cands, mask
 
 
 def trim_to_longest(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:

@@ -22,8 +22,8 @@ import torch
 from models.cmc_checkpoint import CMCBundle
 from models.cross_encoder import CrossEncoder
 from pipeline.candidates import Candidates
-from pipeline.evidence import bm25_of, features
-from pipeline.packing import chunks_under_budget, expired, pad_candidates, trim_to_longest
+from pipeline.evidence import be_of, bm25_of, features
+from pipeline.packing import chunks_under_budget, expired, pad_candidates, pad_lists, trim_to_longest
 from pipeline.state import QueryState
 
 
@@ -91,8 +91,8 @@ class CMCRerank:
         query, vectors = state.query_vectors["cmc"], self.candidate_vectors(state.candidates)
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
-            be = vectors @ query.float().cpu().numpy()
-            evidence = features(be, bm25_of(state.candidates, self.index, state.query), self.bundle.config.evidence)
+            evidence = features(be_of(state.candidates, vectors, query), bm25_of(state.candidates, self.index, state.query),
+                                self.bundle.config.evidence)
         return query, vectors, state.deadline, evidence
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
@@ -105,7 +105,7 @@ class CMCRerank:
             query, cands, mask = pad_candidates([items[i][0] for i in chunk], [items[i][1] for i in chunk], device)
             evidence = None
             if self.bundle.config.evidence:
-                _, evidence, _ = pad_candidates([items[i][0] for i in chunk], [items[i][3] for i in chunk], device)
+                evidence, _ = pad_lists([items[i][3] for i in chunk], device)
             with torch.inference_mode():
                 scores = self.bundle.model(query, cands, mask, evidence).float().cpu().numpy()  # (B, K)
             for b, i in enumerate(chunk):

@@ -30,7 +30,7 @@ from evaluation.metrics import mean_metric, ndcg_at_k
 from evaluation.transfer import relevant
 from models.cmc import CMC, CMCConfig
 from pipeline.evidence import FEATURES, features
-from pipeline.packing import pad_candidates
+from pipeline.packing import pad_candidates, pad_lists
 from pipeline.searcher import SearchParams
 
 REGIMES = ("linear", "mlp", "full")
@@ -112,13 +112,11 @@ def mine(searcher, name: str, queries: dict[str, str], qrels: dict[str, dict[str
 def batch(lists: Lists, picks: list[int], device, noise: float = 0.0, generator: torch.Generator | None = None):
     query, cands, mask = pad_candidates([torch.from_numpy(lists.query_vectors[i]) for i in picks],
                                         [lists.vectors[i] for i in picks], device)
-    _, feats, _ = pad_candidates([torch.from_numpy(lists.query_vectors[i]) for i in picks],
-                                 [lists.features[i] for i in picks], device)
-    _, labels, _ = pad_candidates([torch.from_numpy(lists.query_vectors[i]) for i in picks],
-                                  [lists.labels[i][:, None] for i in picks], device)
+    feats, _ = pad_lists([lists.features[i] for i in picks], device)
+    labels, _ = pad_lists([lists.labels[i] for i in picks], device)
     if noise:
         cands = cands + noise * torch.randn(cands.shape, generator=generator).to(device)
-    return query, cands, mask, feats, labels[..., 0]
+    return query, cands, mask, feats, labels
 
 
 def listwise_loss(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
