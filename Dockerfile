@@ -29,14 +29,8 @@ RUN set -eux; \
     pip install -r /tmp/requirements.txt; \
     rm /tmp/requirements.txt
 
-# Source layer.
-COPY models ./models
-COPY index ./index
-COPY pipeline ./pipeline
-COPY service ./service
-COPY evaluation ./evaluation
-COPY training ./training
-COPY checkpoints ./checkpoints
+# Source layer: the one package.
+COPY sieve ./sieve
 RUN pip install --no-deps . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 sieve \

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import anncur_eval  # noqa: E402
-from index import read_beir_corpus, read_qrels, read_queries  # noqa: E402
-from index.score_matrix import score_matrix, scorer_identity  # noqa: E402
+from sieve.index import read_beir_corpus, read_qrels, read_queries  # noqa: E402
+from sieve.index.score_matrix import score_matrix, scorer_identity  # noqa: E402
 
 
 def int_list(text: str) -> list[int]:
@@ -100,9 +100,9 @@ def bi_encoder_scores(world: dict) -> np.ndarray:
     """(Q, N) inner products of the packaged bi-encoder (document vectors from the shared embedding cache)."""
     import torch
 
-    from index.cache import encode_cached
-    from service.components import load_biencoder
-    from service.config import Settings
+    from sieve.index.cache import encode_cached
+    from sieve.service.components import load_biencoder
+    from sieve.service.config import Settings
 
     settings = Settings()
     be = load_biencoder(settings, torch.device("cpu"))
@@ -112,7 +112,7 @@ def bi_encoder_scores(world: dict) -> np.ndarray:
 
 
 def load_ce(path: str, args):
-    from models.cross_encoder import CrossEncoder, PairLengths
+    from sieve.models.cross_encoder import CrossEncoder, PairLengths
 
     return CrossEncoder.from_pretrained(path, lengths=PairLengths(args.query_max_length, args.max_length),
                                         batch_size=args.batch_size)
@@ -202,7 +202,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
-    from evaluation.report import machine_info
+    from sieve.evaluation.report import machine_info
 
     specs = [tuple(s.split("=", 1)) if "=" in s else (Path(s).name, s) for s in args.ce]
     name = args.name or args.data.name

@@ -28,7 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from models.cmc import CMC, CMCConfig, randomize_gates  # noqa: E402
+from sieve.models.cmc import CMC, CMCConfig, randomize_gates  # noqa: E402
 
 SEED = 0
 KS = (16, 64, 128, 512, 1024, 2048, 4096, 16384)
@@ -121,7 +121,7 @@ def peak_rss_mb() -> float:
 
 # -- 3. /search through a real server -----------------------------------------------------------------------
 def scifact_test_queries(limit: int) -> list[str]:
-    from index import read_qrels, read_queries
+    from sieve.index import read_qrels, read_queries
 
     qrels = read_qrels(SCIFACT / "qrels" / "test.tsv")
     queries = [text for qid, text in read_queries(SCIFACT / "queries.jsonl").items() if qid in qrels]
@@ -130,9 +130,9 @@ def scifact_test_queries(limit: int) -> list[str]:
 
 def build_scifact_index(out_dir: Path) -> None:
     """Same encoder and cache as the tests, so a warm cache makes this a few seconds."""
-    from index import build_index, read_beir_corpus
-    from models.text_encoder import EncoderLengths, TextEncoder
-    from models.weights import default_model_path
+    from sieve.index import build_index, read_beir_corpus
+    from sieve.models.text_encoder import EncoderLengths, TextEncoder
+    from sieve.models.weights import default_model_path
 
     torch.manual_seed(SEED)
     encoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2",

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cmc_latency import machine  # noqa: E402
-from index import read_queries  # noqa: E402
+from sieve.index import read_queries  # noqa: E402
 
 PIPELINES = {  # name -> /search body (besides query); {} = the server's defaults
     "be": {"retriever": "be", "rerank": "none", "cross_encoder": False},

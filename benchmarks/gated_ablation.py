@@ -16,12 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from models.ce_gated import GatedScorer  # noqa: E402
-from models.ce_heads import trained_lengths  # noqa: E402
-from models.cross_encoder import CrossEncoder  # noqa: E402
-from service.components import load_biencoder  # noqa: E402
-from service.config import Settings  # noqa: E402
-from training.ce_train import CETrainConfig, dev_ndcg, load_dataset  # noqa: E402
+from sieve.models.ce_gated import GatedScorer  # noqa: E402
+from sieve.models.ce_heads import trained_lengths  # noqa: E402
+from sieve.models.cross_encoder import CrossEncoder  # noqa: E402
+from sieve.service.components import load_biencoder  # noqa: E402
+from sieve.service.config import Settings  # noqa: E402
+from sieve.training.ce_train import CETrainConfig, dev_ndcg, load_dataset  # noqa: E402
 
 
 def variants(ce: CrossEncoder) -> dict[str, dict]:

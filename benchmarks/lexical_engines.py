@@ -22,10 +22,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cmc_latency import machine  # noqa: E402
-from evaluation.dataset import load_split  # noqa: E402
-from evaluation.summary import quality  # noqa: E402
-from index import Document, read_beir_corpus  # noqa: E402
-from index.lexical import LexicalConfig, LexicalIndex, write_lexical  # noqa: E402
+from sieve.evaluation.dataset import load_split  # noqa: E402
+from sieve.evaluation.summary import quality  # noqa: E402
+from sieve.index import Document, read_beir_corpus  # noqa: E402
+from sieve.index.lexical import LexicalConfig, LexicalIndex, write_lexical  # noqa: E402
 
 
 class Bm25s:

@@ -53,10 +53,10 @@ def build_index(out_dir: Path, corpus: str) -> list[str]:
     """The index and the query list: SciFact (test queries) when the data is there, else the bundled demo."""
     import torch
 
-    from index import build_index as build, read_beir_corpus, read_qrels, read_queries
-    from models.text_encoder import EncoderLengths, TextEncoder
-    from models.weights import default_model_path
-    from service.cli import DEMO_CORPUS
+    from sieve.index import build_index as build, read_beir_corpus, read_qrels, read_queries
+    from sieve.models.text_encoder import EncoderLengths, TextEncoder
+    from sieve.models.weights import default_model_path
+    from sieve.cli import DEMO_CORPUS
 
     torch.manual_seed(SEED)
     encoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths(64, 256))

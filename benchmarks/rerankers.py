@@ -33,10 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.cmc_latency import machine  # noqa: E402
-from evaluation.backends import InProcessBackend  # noqa: E402
-from evaluation.dataset import EvalData, load_split  # noqa: E402
-from evaluation.metrics import mean_metric, mrr_at_k, ndcg_at_k, recall_at_k  # noqa: E402
-from evaluation.runner import PIPELINES, EvalConfig  # noqa: E402
+from sieve.evaluation.backends import InProcessBackend  # noqa: E402
+from sieve.evaluation.dataset import EvalData, load_split  # noqa: E402
+from sieve.evaluation.metrics import mean_metric, mrr_at_k, ndcg_at_k, recall_at_k  # noqa: E402
+from sieve.evaluation.runner import PIPELINES, EvalConfig  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "results"
 ITEMSIZE = {"float32": 4, "float16": 2}
@@ -71,7 +71,7 @@ def run_queries(searcher, pipeline: str, data: EvalData, cfg: EvalConfig, label:
 
 def extra_index_bytes(index, pipeline: str) -> int:
     """Bytes a stage adds beyond the bi-encoder's vectors: the stores it reads."""
-    from models.mix_runtime import STORE
+    from sieve.models.mix_runtime import STORE
 
     m = index.manifest
     stores = [STORE] if "mix" in pipeline.split("+") else []
@@ -82,13 +82,13 @@ def extra_index_bytes(index, pipeline: str) -> int:
 def components_for(settings, data: EvalData):
     """The service's components over the cached eval index of the corpus (`sieve eval`'s own: with the MixEncoder's
     context store when SIEVE_MIX_PATH / --mix is set)."""
-    from evaluation.local import load_local
+    from sieve.evaluation.local import load_local
 
     return load_local(settings, data.name, data.corpus_path)
 
 
 def settings_for(args, **paths):
-    from service.config import Settings
+    from sieve.service.config import Settings
 
     return Settings(cmc_path=getattr(args, "cmc", None), **paths)
 
@@ -147,7 +147,7 @@ def table_row(out_dir: Path, data: EvalData, path: Path, args) -> dict | None:
 def cmd_cross_domain(args) -> dict:
     """Each checkpoint (trained on one dataset) reranks each dataset's BE top `depth` through the plain CE stage; a
     row the table mode already measured (same checkpoint, depth, queries, seed) is taken from its JSON."""
-    from models.ce_heads import read_head
+    from sieve.models.ce_heads import read_head
 
     checkpoints = [(name, p) for flag in ("ce", "ce_late") for name, p in named_paths(getattr(args, flag), f"--{flag}")]
     cfg = EvalConfig(retrieve_k=args.depth, cmc_k=min(16, args.depth), ce_k=args.depth, top_k=args.depth)

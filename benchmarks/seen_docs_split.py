@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.metrics import mean_metric, ndcg_at_k  # noqa: E402
-from index import read_qrels, read_queries  # noqa: E402
-from pipeline.searcher import SearchParams  # noqa: E402
-from service.components import load_components  # noqa: E402
-from service.config import Settings  # noqa: E402
+from sieve.evaluation.metrics import mean_metric, ndcg_at_k  # noqa: E402
+from sieve.index import read_qrels, read_queries  # noqa: E402
+from sieve.pipeline.searcher import SearchParams  # noqa: E402
+from sieve.service.components import load_components  # noqa: E402
+from sieve.service.config import Settings  # noqa: E402
 
 
 def relevant(qrels: dict) -> set[str]:

@@ -11,7 +11,7 @@ from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pyt
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-DEMO_CORPUS = REPO / "service" / "demo_corpus.jsonl"
+DEMO_CORPUS = REPO / "sieve" / "demo_corpus.jsonl"
 
 
 def data_dir(name: str) -> Path:
@@ -37,8 +37,8 @@ def cache_dir() -> Path:
 def biencoder():
     import torch  # heavy imports inside the fixture: tests that need no model start fast
 
-    from models.text_encoder import EncoderLengths, TextEncoder
-    from models.weights import default_model_path
+    from sieve.models.text_encoder import EncoderLengths, TextEncoder
+    from sieve.models.weights import default_model_path
 
     torch.manual_seed(0)
     return TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths(64, 256))

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertModel
 
-from models.biencoder import SentenceEncoder
-from models.cross_encoder import CrossEncoder, PairScorer
-from models.text_encoder import EncoderLengths, TextEncoder
-from models.weights import default_model_path
+from sieve.models.biencoder import SentenceEncoder
+from sieve.models.cross_encoder import CrossEncoder, PairScorer
+from sieve.models.text_encoder import EncoderLengths, TextEncoder
+from sieve.models.weights import default_model_path
 
 
 def tiny_config(tokenizer, **extra) -> BertConfig:

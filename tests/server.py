@@ -38,7 +38,7 @@ class Server:
         minimal = {} if shipped_models else {k: v for k, v in MINIMAL_MODELS.items() if not named(env, k)}
         full_env = {**os.environ, "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": str(self.port), **minimal, **env}
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], cwd=REPO, env=full_env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "serve"], cwd=REPO, env=full_env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_ready(timeout_s)
 

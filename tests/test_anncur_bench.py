@@ -93,10 +93,10 @@ def untrained_checkpoint(head: str, path: Path, perturb=None) -> Path:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from models.ce_heads import new_head
-    from models.cross_encoder import CrossEncoder
-    from models.weights import default_model_path
-    from training.ce_train import save_fp16
+    from sieve.models.ce_heads import new_head
+    from sieve.models.cross_encoder import CrossEncoder
+    from sieve.models.weights import default_model_path
+    from sieve.training.ce_train import save_fp16
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))

@@ -17,13 +17,13 @@ import kubernetes_validate as kv  # the [test] extra: imported, never skipped
 import pytest
 import yaml
 
-from service.config import Settings
+from sieve.service.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-DEMO_CORPUS = ROOT / "service" / "demo_corpus.jsonl"
+DEMO_CORPUS = ROOT / "sieve" / "demo_corpus.jsonl"
 APP_SERVICE = "sieve"  # the compose service that runs the Dockerfile's image
 SIEVE_VAR = re.compile(r"\bSIEVE_[A-Z0-9_]+")
 COMPOSE_DEFAULT = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")  # ${VAR:-default} / ${VAR-default} / ${VAR}
@@ -101,7 +101,7 @@ def container_port(mapping) -> int:
 def declared_routes() -> set[str]:
     """Paths of every `@<router or app>.<method>("/path")` decorator in service/*.py (parsed, not imported: no models)."""
     paths = set()
-    for source in (ROOT / "service").glob("*.py"):
+    for source in (ROOT / "sieve" / "service").glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text(), filename=str(source))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for deco in node.decorator_list:
@@ -204,7 +204,7 @@ def test_cmd_runs_a_project_script(docker, pyproject):
 
 
 def test_cmd_arguments_parse_with_the_cli(docker):
-    from service.cli import build_parser
+    from sieve.cli import build_parser
 
     command = exec_or_shell_words(only(docker, "CMD"))
     args = build_parser().parse_args(command[1:])  # SystemExit (a test error) on an unknown subcommand
@@ -315,10 +315,10 @@ def test_demo_corpus_is_valid_beir():
 
 def test_demo_corpus_is_the_one_the_cli_ships(pyproject):
     """`sieve demo` in the image reads it from the installed package, so it must be package data too."""
-    from service.cli import DEMO_CORPUS as cli_corpus
+    from sieve.cli import DEMO_CORPUS as cli_corpus
 
     assert cli_corpus.resolve() == DEMO_CORPUS.resolve()
-    package_data = pyproject["tool"]["setuptools"]["package-data"]["service"]
+    package_data = pyproject["tool"]["setuptools"]["package-data"]["sieve"]
     assert any(fnmatch.fnmatch(DEMO_CORPUS.name, pattern) for pattern in package_data)
 
 
@@ -404,7 +404,7 @@ def test_k8s_schema_check_catches_a_broken_manifest():
 
 
 def test_k8s_objects_reference_each_other_the_routes_and_the_settings(docker, app_port, monkeypatch):
-    from service.cli import build_parser
+    from sieve.cli import build_parser
 
     docs = k8s_documents()
     pod = docs["Deployment"]["spec"]["template"]["spec"]

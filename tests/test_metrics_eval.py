@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from evaluation.metrics import mean_metric, mrr_at_k, ndcg_at_k, recall_at_k
+from sieve.evaluation.metrics import mean_metric, mrr_at_k, ndcg_at_k, recall_at_k
 
 
 def test_ndcg_by_hand():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.negatives import MiningConfig, mine_candidates, mine_listwise, top_k_rows
+from sieve.training.negatives import MiningConfig, mine_candidates, mine_listwise, top_k_rows
 
 
 def test_mixed_negatives():

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = REPO / "service" / "demo_corpus.jsonl"
+DEMO = REPO / "sieve" / "demo_corpus.jsonl"
 
 
 def test_every_setting_is_documented_in_readme():
-    from service.config import Settings
+    from sieve.service.config import Settings
 
     readme = (REPO / "README.md").read_text()
     missing = [name for name in Settings.model_fields if f"`SIEVE_{name.upper()}`" not in readme]
@@ -32,7 +32,7 @@ def test_ci_runs_the_readme_test_command():
 def sieve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sieve.cli", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=300)
 
 

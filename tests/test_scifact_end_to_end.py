@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.metrics import mean_metric, ndcg_at_k
-from index import build_index, read_beir_corpus, read_qrels, read_queries
+from sieve.evaluation.metrics import mean_metric, ndcg_at_k
+from sieve.index import build_index, read_beir_corpus, read_qrels, read_queries
 from tests.conftest import data_dir
 from tests.server import Server
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-import checkpoints
-from checkpoints.reference import ce_reference, cmc_reference, demo_documents, load_shipped_cross_encoder, max_abs_diff
-from models.cmc_checkpoint import load_cmc, untrained_cmc
-from service.config import Settings
+from sieve import checkpoints
+from sieve.checkpoints.reference import ce_reference, cmc_reference, demo_documents, load_shipped_cross_encoder, max_abs_diff
+from sieve.models.cmc_checkpoint import load_cmc, untrained_cmc
+from sieve.service.config import Settings
 
 
 def test_settings_resolve_the_shipped_defaults(tmp_path):

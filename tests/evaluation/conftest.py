@@ -39,7 +39,7 @@ def demo_beir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_index(tmp_path_factory, demo_beir, biencoder, cache_dir):
-    from index import build_index, read_beir_corpus
+    from sieve.index import build_index, read_beir_corpus
 
     out = tmp_path_factory.mktemp("demo-index")
     build_index(read_beir_corpus(demo_beir / "corpus.jsonl"), biencoder, out, cache_dir=cache_dir, progress=False)

@@ -11,17 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from evaluation.backends import HttpBackend, InProcessBackend
-from evaluation.dataset import load_split
-from evaluation.local import ensure_index
-from evaluation.metrics import mean_metric, ndcg_at_k
-from evaluation.runner import PIPELINES, EvalConfig, run_pipelines
-from evaluation.table2 import run_table2
-from index import SearchIndex
-from models.cmc_checkpoint import untrained_cmc
-from models.cross_encoder import CrossEncoder, PairScorer
-from pipeline.searcher import Searcher, SearchParams
-from service.cli import main
+from sieve.evaluation.backends import HttpBackend, InProcessBackend
+from sieve.evaluation.dataset import load_split
+from sieve.evaluation.local import ensure_index
+from sieve.evaluation.metrics import mean_metric, ndcg_at_k
+from sieve.evaluation.runner import PIPELINES, EvalConfig, run_pipelines
+from sieve.evaluation.table2 import run_table2
+from sieve.index import SearchIndex
+from sieve.models.cmc_checkpoint import untrained_cmc
+from sieve.models.cross_encoder import CrossEncoder, PairScorer
+from sieve.pipeline.searcher import Searcher, SearchParams
+from sieve.cli import main
 from tests.server import Server
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.backends import InProcessBackend
-from evaluation.dataset import EvalData, load_split
-from evaluation.report import eval_document, render, write_json
-from evaluation.runner import EvalConfig, parse_pipelines, run_pipelines
-from evaluation.summary import latency_stats
-from evaluation.table2 import run_table2
-from pipeline.candidates import Candidates
-from pipeline.searcher import Outcome
-from pipeline.state import QueryState
+from sieve.evaluation.backends import InProcessBackend
+from sieve.evaluation.dataset import EvalData, load_split
+from sieve.evaluation.report import eval_document, render, write_json
+from sieve.evaluation.runner import EvalConfig, parse_pipelines, run_pipelines
+from sieve.evaluation.summary import latency_stats
+from sieve.evaluation.table2 import run_table2
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.searcher import Outcome
+from sieve.pipeline.state import QueryState
 
 FILLER = [f"f{i}" for i in range(40)]
 RANKINGS = {  # query text -> ranked doc ids
@@ -138,7 +138,7 @@ def test_json_has_the_documented_keys(tmp_path):
 
 
 def test_plots_are_written_as_png(tmp_path):
-    from evaluation.plots import write_plots
+    from sieve.evaluation.plots import write_plots
 
     doc = eval_document(toy_data(), run_toy(["be", "be+cmc"])[0], {}, "sieve eval")
     paths = write_plots(doc, tmp_path)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.backends import QueryResult
-from evaluation.dataset import load_split
-from evaluation.runner import PIPELINES, EvalConfig, collect
-from evaluation.transfer import choose_default, macro_rows, merge, seen_subsets, transfer_report
+from sieve.evaluation.backends import QueryResult
+from sieve.evaluation.dataset import load_split
+from sieve.evaluation.runner import PIPELINES, EvalConfig, collect
+from sieve.evaluation.transfer import choose_default, macro_rows, merge, seen_subsets, transfer_report
 
 
 def write_beir(root: Path, name: str, queries: dict[str, str], splits: dict[str, dict[str, dict[str, int]]]) -> Path:

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pytest
 
-from index import Document, build_index
+from sieve.index import Document, build_index
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import IndexMismatchError
-from index.anncur import AnnCURConfig, AnnCURIndex, build_anncur_index, pick_anchor_queries
-from index.score_matrix import score_matrix
-from index.search_index import SearchIndex
+from sieve.index import IndexMismatchError
+from sieve.index.anncur import AnnCURConfig, AnnCURIndex, build_anncur_index, pick_anchor_queries
+from sieve.index.score_matrix import score_matrix
+from sieve.index.search_index import SearchIndex
 from tests.index.conftest import FakeEncoder
 
 

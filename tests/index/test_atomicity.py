@@ -7,8 +7,8 @@ import faiss
 import numpy as np
 import pytest
 
-from index import Document, SearchIndex, add_documents, delete_documents
-from index.layout import read_current
+from sieve.index import Document, SearchIndex, add_documents, delete_documents
+from sieve.index.layout import read_current
 
 from .conftest import make_docs
 
@@ -75,7 +75,7 @@ def test_loaded_index_outlives_pruning(built: Path, docs, encoder) -> None:
 
 
 def test_load_retries_when_version_pruned_underneath(built: Path, encoder, monkeypatch) -> None:
-    import index.search_index as si
+    import sieve.index.search_index as si
     real, calls = si._open_parts, []
 
     def racing(vdir, *args):

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Document, SearchIndex, build_faiss, build_index, to_device
-from index.cache import cache_file, cache_key
-from index.vectors import gpu_count
+from sieve.index import Document, SearchIndex, build_faiss, build_index, to_device
+from sieve.index.cache import cache_file, cache_key
+from sieve.index.vectors import gpu_count
 
 from .conftest import FakeEncoder, make_docs
 
@@ -146,7 +146,7 @@ def test_search_argument_errors(built: Path, encoder) -> None:
 
 
 def test_rows_for_ids(built: Path, docs) -> None:
-    from index import UnknownDocumentError
+    from sieve.index import UnknownDocumentError
     with SearchIndex.load(built) as index:
         assert index.rows_for_ids(["d7", "d0"]) == [7, 0]
         with pytest.raises(UnknownDocumentError, match="unknown document id.*'nope'") as exc:

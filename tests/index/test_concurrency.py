@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index import SearchIndex
+from sieve.index import SearchIndex
 
 
 def test_concurrent_reads_match_sequential(built: Path, docs, encoder) -> None:

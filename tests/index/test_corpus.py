@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from index import Document, corpus_hash, read_beir_corpus, read_qrels, read_queries
+from sieve.index import Document, corpus_hash, read_beir_corpus, read_qrels, read_queries
 
 
 def test_full_text_joins_title_and_text() -> None:

@@ -21,10 +21,10 @@ from typing import Callable
 
 import pytest
 
-import service.updates
-from index import Document, SearchIndex
-from index.layout import read_current
-from service.updates import IndexUpdater, Write
+import sieve.service.updates
+from sieve.index import Document, SearchIndex
+from sieve.index.layout import read_current
+from sieve.service.updates import IndexUpdater, Write
 
 _TMP_RE = re.compile(r"\.tmp-[0-9a-f]+")
 
@@ -150,14 +150,14 @@ def test_a_write_is_fsynced_renamed_and_switched_before_it_is_acknowledged(built
 
 def _ack_before_commit(monkeypatch) -> list[threading.Thread]:
     """An updater that acknowledges at once and commits in the background: the bug the ack rule exists for."""
-    real, threads = service.updates.apply_changes, []
+    real, threads = sieve.service.updates.apply_changes, []
 
     def early(*args, **kwargs):
         t = threading.Thread(target=real, args=args, kwargs=kwargs)
         threads.append(t)
         t.start()
 
-    monkeypatch.setattr(service.updates, "apply_changes", early)
+    monkeypatch.setattr(sieve.service.updates, "apply_changes", early)
     return threads
 
 

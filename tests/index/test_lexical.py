@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Document, SearchIndex, add_documents, apply_changes, build_index, delete_documents
-from index.lexical import LexicalConfig, top_positive
-from index.layout import read_current
+from sieve.index import Document, SearchIndex, add_documents, apply_changes, build_index, delete_documents
+from sieve.index.lexical import LexicalConfig, top_positive
+from sieve.index.layout import read_current
 
 from .conftest import make_docs
 
@@ -108,8 +108,8 @@ def test_every_write_keeps_lexical_and_dense_in_step(tmp_path, encoder):
 KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {repo!r})
-    import index.{module} as target
-    from index import Document, apply_changes
+    import sieve.index.{module} as target
+    from sieve.index import Document, apply_changes
     from tests.index.conftest import FakeEncoder
 
     real = target.{function}

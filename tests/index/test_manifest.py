@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from index import (FORMAT_VERSION, IndexFormatError, IndexMismatchError, IndexNotFoundError,
+from sieve.index import (FORMAT_VERSION, IndexFormatError, IndexMismatchError, IndexNotFoundError,
                    Manifest, SearchIndex, check_manifest)
-from index.layout import current_version_dir
+from sieve.index.layout import current_version_dir
 
 
 def _manifest(**overrides) -> Manifest:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Document, SearchIndex, add_documents, add_store, build_index, delete_documents
+from sieve.index import Document, SearchIndex, add_documents, add_store, build_index, delete_documents
 
 from .conftest import FakeEncoder
 
@@ -55,7 +55,7 @@ def test_add_store_to_existing_index(built: Path, docs, encoder) -> None:
 
 
 def test_store_encoder_mismatch(tmp_path: Path, docs, encoder) -> None:
-    from index import IndexMismatchError
+    from sieve.index import IndexMismatchError
     out = tmp_path / "i"
     build_index(docs, encoder, out, extra_stores={"cmc": FakeEncoder(name="cmc", dim=8)},
                 progress=False)

@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import (Document, IndexFormatError, IndexMismatchError, IndexNotFoundError,
+from sieve.index import (Document, IndexFormatError, IndexMismatchError, IndexNotFoundError,
                    SearchIndex, UnknownDocumentError, add_documents, build_index,
                    delete_documents)
-from index.layout import read_current
+from sieve.index.layout import read_current
 
 from .conftest import FakeEncoder, make_docs
 

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from models.ce_cos import masked_mean
-from models.ce_heads import load_classifier, new_head, read_head
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.weights import default_model_path
+from sieve.models.ce_cos import masked_mean
+from sieve.models.ce_heads import load_classifier, new_head, read_head
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.weights import default_model_path
 
 QUERY = "how do volcanoes erupt"
 DOCS = ["Lava is molten rock that erupts from volcanoes when magma pressure builds.",

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models.ce_gated import GatedScorer, segment_positions
-from models.ce_heads import load_classifier, new_head, read_head
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.weights import default_model_path
+from sieve.models.ce_gated import GatedScorer, segment_positions
+from sieve.models.ce_heads import load_classifier, new_head, read_head
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.weights import default_model_path
 
 QUERY = "how do volcanoes erupt"
 DOCS = ["Lava is molten rock that erupts from volcanoes when magma pressure builds.",
@@ -109,6 +109,6 @@ def test_parts_are_scored_in_one_pass_each_as_its_own_loss_sees_it(gated_ce):
 
 
 def test_score_caches_record_the_head_they_were_scored_with(gated_ce):
-    from index.score_matrix import scorer_identity
+    from sieve.index.score_matrix import scorer_identity
 
     assert scorer_identity(gated_ce)["head"] == "gated"  # not "cls": the gated module builds its spec

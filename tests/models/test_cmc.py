@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.cmc import CMC, CMCConfig, randomize_gates
-from models.cmc_checkpoint import load_cmc, save_cmc, untrained_cmc
+from sieve.models.cmc import CMC, CMCConfig, randomize_gates
+from sieve.models.cmc_checkpoint import load_cmc, save_cmc, untrained_cmc
 
 
 def unit(*shape: int, seed: int) -> torch.Tensor:

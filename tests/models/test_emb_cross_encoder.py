@@ -9,11 +9,11 @@ import torch
 
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from models.ce_heads import new_head, read_head
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer, marker_positions
-from models.weights import default_model_path
-from training.ce_train import save_fp16
+from sieve.models.ce_heads import new_head, read_head
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer, marker_positions
+from sieve.models.weights import default_model_path
+from sieve.training.ce_train import save_fp16
 
 DOCS = ["Lava is molten rock that erupts from volcanoes.", "Bread dough rises with yeast before baking.",
         "Penguins live in colonies on the Antarctic ice.", " ".join(["magma"] * 300)]

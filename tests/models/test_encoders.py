@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.weights import default_model_path, weights_hash
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.weights import default_model_path, weights_hash
 
 TEXTS = ["A man is eating food.", "The new movie is awesome",
          "Mitochondria are the powerhouse of the cell, producing ATP through oxidative phosphorylation. " * 3, "x"]

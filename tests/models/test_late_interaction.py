@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models.ce_heads import read_head
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.ce_heads import load_classifier, new_head
-from models.late_interaction import maxsim, segment_masks
-from models.weights import default_model_path
+from sieve.models.ce_heads import read_head
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.ce_heads import load_classifier, new_head
+from sieve.models.late_interaction import maxsim, segment_masks
+from sieve.models.weights import default_model_path
 
 DOCS = ["Lava is molten rock that erupts from volcanoes.", "Bread dough rises with yeast before baking.",
         "Penguins live in colonies on the Antarctic ice.", " ".join(["magma"] * 300)]
@@ -102,7 +102,7 @@ def test_without_projection_the_hidden_vectors_are_used(late_ce):
 
 
 def test_fp16_checkpoint_round_trips_through_the_head_registry(late_ce, tmp_path):
-    from training.ce_train import save_fp16
+    from sieve.training.ce_train import save_fp16
 
     save_fp16(late_ce, tmp_path)
     head = read_head(tmp_path)

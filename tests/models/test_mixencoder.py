@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from index import Document, SearchIndex, build_index
-from models.mix_runtime import STORE, MixLengths, MixRuntime
-from models.mixencoder import MixConfig
-from models.weights import default_model_path
+from sieve.index import Document, SearchIndex, build_index
+from sieve.models.mix_runtime import STORE, MixLengths, MixRuntime
+from sieve.models.mixencoder import MixConfig
+from sieve.models.weights import default_model_path
 
 DOCS = ["Lava is molten rock that erupts from volcanoes.", "Bread dough rises with yeast before baking.",
         "Penguins live in colonies on the Antarctic ice.", "A violin is played with a bow.",

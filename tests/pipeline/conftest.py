@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from index import SearchIndex, build_index, read_beir_corpus
+from sieve.index import SearchIndex, build_index, read_beir_corpus
 from tests.conftest import DEMO_CORPUS
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.cmc import randomize_gates
-from models.cmc_checkpoint import untrained_cmc
-from pipeline.batching import Batcher, BatchConfig
-from pipeline.packing import chunks_under_budget
-from pipeline.searcher import SearchParams, Searcher
-from pipeline.stages import CMCRerank, CrossEncoderRerank
+from sieve.models.cmc import randomize_gates
+from sieve.models.cmc_checkpoint import untrained_cmc
+from sieve.pipeline.batching import Batcher, BatchConfig
+from sieve.pipeline.packing import chunks_under_budget
+from sieve.pipeline.searcher import SearchParams, Searcher
+from sieve.pipeline.stages import CMCRerank, CrossEncoderRerank
 from tests.fakes import tiny_cross_encoder
 
 QUERIES = ["volcano lava eruption", "how to bake bread", "jazz improvisation", "telescopes and galaxies",

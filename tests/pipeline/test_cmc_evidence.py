@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from index import SearchIndex
-from models.cmc import CMC, CMCConfig, randomize_gates
-from models.cmc_checkpoint import CMCBundle, load_cmc, save_cmc
-from pipeline.evidence import FEATURES, features, rank_feature
-from pipeline.searcher import SearchParams, Searcher
+from sieve.index import SearchIndex
+from sieve.models.cmc import CMC, CMCConfig, randomize_gates
+from sieve.models.cmc_checkpoint import CMCBundle, load_cmc, save_cmc
+from sieve.pipeline.evidence import FEATURES, features, rank_feature
+from sieve.pipeline.searcher import SearchParams, Searcher
 
 
 def test_features_are_the_documented_columns():

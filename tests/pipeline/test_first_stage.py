@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index import SearchIndex, build_index, read_beir_corpus
-from pipeline.errors import StageUnavailable
-from pipeline.first_stage import HybridConfig, rrf_fuse
-from pipeline.searcher import SearchParams, Searcher
+from sieve.index import SearchIndex, build_index, read_beir_corpus
+from sieve.pipeline.errors import StageUnavailable
+from sieve.pipeline.first_stage import HybridConfig, rrf_fuse
+from sieve.pipeline.searcher import SearchParams, Searcher
 from tests.conftest import DEMO_CORPUS
 
 QUERY = "how do volcanoes erupt"

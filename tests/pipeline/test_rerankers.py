@@ -8,16 +8,16 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertModel
 
-from index import SearchIndex, build_index, read_beir_corpus
-from models.ce_heads import new_head
-from models.cross_encoder import CrossEncoder
-from models.mix_runtime import STORE, MixRuntime, context_tokens
-from models.mixencoder import MixConfig, MixEncoder
-from models.weights import default_model_path
-from pipeline.candidates import Candidates
-from pipeline.rerankers import LateCrossEncoderRerank, MixRerank
-from pipeline.searcher import RerankItem, SearchParams, Searcher
-from pipeline.state import QueryState
+from sieve.index import SearchIndex, build_index, read_beir_corpus
+from sieve.models.ce_heads import new_head
+from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.mix_runtime import STORE, MixRuntime, context_tokens
+from sieve.models.mixencoder import MixConfig, MixEncoder
+from sieve.models.weights import default_model_path
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.rerankers import LateCrossEncoderRerank, MixRerank
+from sieve.pipeline.searcher import RerankItem, SearchParams, Searcher
+from sieve.pipeline.state import QueryState
 from tests.conftest import DEMO_CORPUS
 
 QUERY = "volcano lava eruption"
@@ -130,9 +130,9 @@ def test_searcher_rerank_models_mix_and_ce_late(searcher):
 
 
 def test_unconfigured_stages_are_refused_clearly(mix_index, biencoder):
-    from pipeline.errors import StageUnavailable
+    from sieve.pipeline.errors import StageUnavailable
 
-    from pipeline.errors import RequestError
+    from sieve.pipeline.errors import RequestError
 
     plain = Searcher(biencoder, mix_index)
     asks = [lambda: plain.search(SearchParams(QUERY, rerank="mix", retrieve_k=10, top_k=5, cmc_k=5)),
@@ -153,7 +153,7 @@ def test_unconfigured_stages_are_refused_clearly(mix_index, biencoder):
 
 def test_sieve_index_add_store_writes_the_mix_context_store(tiny_mix, biencoder, cache_dir, tmp_path, monkeypatch):
     """Offline precomputation from the command line: the store holds exactly what the runtime computes."""
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     tiny_mix.save(tmp_path / "mix")

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from index import build_index, read_beir_corpus
-from models.weights import default_model_path
+from sieve.index import build_index, read_beir_corpus
+from sieve.models.weights import default_model_path
 from tests.conftest import DEMO_CORPUS
 from tests.server import Server
 

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from index import SearchIndex
-from index.anncur import AnnCURIndex
-from models.cross_encoder import CrossEncoder, PairLengths
-from pipeline.anncur_stage import AnnCUR
-from pipeline.errors import StageUnavailable
-from pipeline.searcher import SearchParams, Searcher
+from sieve.index import SearchIndex
+from sieve.index.anncur import AnnCURIndex
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.pipeline.anncur_stage import AnnCUR
+from sieve.pipeline.errors import StageUnavailable
+from sieve.pipeline.searcher import SearchParams, Searcher
 from tests.server import Server
 
 ANCHOR_QUERIES = ["how do volcanoes erupt", "baking bread at home", "roman legions", "jazz improvisation"]
@@ -23,7 +23,7 @@ LENGTHS = PairLengths(16, 32)  # short pairs keep R_anc (4 queries x 60 document
 
 @pytest.fixture(scope="module")
 def anncur_dir(demo_index, ce_checkpoint, tmp_path_factory):
-    from service.cli import main
+    from sieve.cli import main
 
     root = tmp_path_factory.mktemp("anncur")
     queries = root / "queries.jsonl"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-from index import SearchIndex, build_index, read_beir_corpus
-from models.cmc_checkpoint import untrained_cmc
-from pipeline.searcher import Searcher
-from service.app import fingerprint
-from service.components import Components
-from service.config import Settings
+from sieve.index import SearchIndex, build_index, read_beir_corpus
+from sieve.models.cmc_checkpoint import untrained_cmc
+from sieve.pipeline.searcher import Searcher
+from sieve.service.app import fingerprint
+from sieve.service.components import Components
+from sieve.service.config import Settings
 from tests.conftest import DEMO_CORPUS
 from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
 from tests.server import Server

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from service.cache import LocalStore, RedisStore
-from service.metrics import Metrics
-from service.protection import Authenticator, RateLimited, RateLimiter, Unauthorized, key_id
+from sieve.service.cache import LocalStore, RedisStore
+from sieve.service.metrics import Metrics
+from sieve.service.protection import Authenticator, RateLimited, RateLimiter, Unauthorized, key_id
 from tests.server import free_port
 from tests.service.conftest import REDIS_URL, redis_or_skip
 
@@ -101,7 +101,7 @@ def test_api_keys_are_compared_with_hmac_compare_digest_and_named_by_id(monkeypa
     hmac.compare_digest, the constant-time comparison, and that callers are named by a key id, not the key."""
     import hmac
 
-    import service.protection
+    import sieve.service.protection
 
     compared, compare_digest = [], hmac.compare_digest
 
@@ -109,7 +109,7 @@ def test_api_keys_are_compared_with_hmac_compare_digest_and_named_by_id(monkeypa
         compared.append(a)
         return compare_digest(a, b)
 
-    monkeypatch.setattr(service.protection.hmac, "compare_digest", spy)
+    monkeypatch.setattr(sieve.service.protection.hmac, "compare_digest", spy)
     auth = Authenticator({"secret-one", "secret-two"})
     assert auth.identify("Bearer secret-two") == key_id("secret-two") != "secret-two"
     assert compared and set(compared) == {b"secret-two"}

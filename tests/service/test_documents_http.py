@@ -93,7 +93,7 @@ def test_reload_serves_a_version_written_by_the_cli(writable, tmp_path, cache_di
     server, index = writable
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"_id": "cli-1", "title": "Kites", "text": "Box kites fly in steady wind."}) + "\n")
-    subprocess.run([sys.executable, "-m", "service.cli", "index", "add", "--index", str(index), "--corpus", str(extra)],
+    subprocess.run([sys.executable, "-m", "sieve.cli", "index", "add", "--index", str(index), "--corpus", str(extra)],
                    cwd=REPO, check=True, capture_output=True, env={"SIEVE_CACHE_DIR": str(cache_dir),
                                                                    **__import__("os").environ})
     with server.client() as client:
@@ -150,7 +150,7 @@ def test_each_write_in_a_group_commit_succeeds_or_fails_alone_against_the_newest
     """Another writer (a replica, the CLI) changes the index on disk behind this server's loaded version. A group
     holding a valid upsert and a delete of the id that writer removed: the upsert is acknowledged and served, only
     the delete gets 404. A delete of an id that writer added is judged against the newest version and succeeds."""
-    from index import Document, apply_changes
+    from sieve.index import Document, apply_changes
 
     server = Server({"SIEVE_INDEX_DIR": str(index_copy), "SIEVE_WRITE_BATCH_WAIT_MS": "1500"}, tmp_path / "s.log")
     try:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from index import SearchIndex
+from sieve.index import SearchIndex
 from tests.server import Server
 
 DISK = "2m"

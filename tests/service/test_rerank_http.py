@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from index import read_beir_corpus
+from sieve.index import read_beir_corpus
 from tests.conftest import DEMO_CORPUS
 
 TEXTS = ["The Roman legions built roads across the empire.",

@@ -8,15 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertModel
 
-from index import SearchIndex, add_store
-from models.ce_heads import new_head
-from models.cross_encoder import CrossEncoder
-from models.mix_runtime import STORE, MixRuntime, context_tokens
-from models.mixencoder import MixConfig, MixEncoder
-from models.weights import default_model_path
+from sieve.index import SearchIndex, add_store
+from sieve.models.ce_heads import new_head
+from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.mix_runtime import STORE, MixRuntime, context_tokens
+from sieve.models.mixencoder import MixConfig, MixEncoder
+from sieve.models.weights import default_model_path
 from tests.pipeline.test_rerankers import tiny_config
 from tests.server import Server
-from training.ce_train import save_fp16
+from sieve.training.ce_train import save_fp16
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_unconfigured_rerankers_answer_400_and_bad_names_422(client):
 
 
 def test_a_mix_checkpoint_without_its_store_in_the_index_is_refused_at_start(demo_index, checkpoints):
-    from service.components import load_components
-    from service.config import Settings
+    from sieve.service.components import load_components
+    from sieve.service.config import Settings
 
     with pytest.raises(ValueError, match="sieve index add-store"):
         load_components(Settings(index_dir=demo_index, mix_path=checkpoints["mix"], cmc_enabled=False))

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (content_type_conformance, negative_data_rejection, not_a_server_error,
                                  response_headers_conformance, response_schema_conformance, status_code_conformance)
 
-from index import SearchIndex, build_index, read_beir_corpus
-from models.cmc_checkpoint import untrained_cmc
-from pipeline.searcher import Searcher
-from service.app import create_app
-from service.components import Components
-from service.config import Settings
-from service.runtime import searcher_options
+from sieve.index import SearchIndex, build_index, read_beir_corpus
+from sieve.models.cmc_checkpoint import untrained_cmc
+from sieve.pipeline.searcher import Searcher
+from sieve.service.app import create_app
+from sieve.service.components import Components
+from sieve.service.config import Settings
+from sieve.service.runtime import searcher_options
 from tests.conftest import DEMO_CORPUS
 from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
 from tests.server import free_port

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from index import read_beir_corpus
+from sieve.index import read_beir_corpus
 from tests.conftest import DEMO_CORPUS
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import checkpoints
+from sieve import checkpoints
 from tests.server import Server
 
 

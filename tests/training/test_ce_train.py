@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from index import Document
-from models.ce_heads import read_head
-from models.cross_encoder import CrossEncoder, PairLengths
-from service.config import Settings
-from training.ce_train import (CETrainConfig, CETrainer, bce_loss, build_groups, lce_loss, load_dataset, save_fp16)
-from training.data import Split
+from sieve.index import Document
+from sieve.models.ce_heads import read_head
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.service.config import Settings
+from sieve.training.ce_train import (CETrainConfig, CETrainer, bce_loss, build_groups, lce_loss, load_dataset, save_fp16)
+from sieve.training.data import Split
 
 TOPICS = ["volcano lava magma eruption crater", "penguin antarctic ice bird colony", "violin string bow orchestra",
           "bread yeast dough oven baking", "comet tail ice orbit sun", "glacier ice valley erosion melt",
@@ -156,7 +156,7 @@ def test_resume_continues_at_the_saved_step_and_matches_an_unbroken_run(tiny_bei
 
 
 def test_sieve_train_ce_writes_a_loadable_checkpoint_and_resumes(tiny_beir, cache_dir, tmp_path, monkeypatch):
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     out = tmp_path / "ce"

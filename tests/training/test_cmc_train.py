@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from models.cmc_checkpoint import load_cmc, untrained_cmc
-from training.checkpointing import load_state, warmup_linear_schedule
-from training.cmc_train import (CMCTrainConfig, LabelledTask, ListwiseTask, Trainee, load_labelled, train_cmc,
+from sieve.models.cmc_checkpoint import load_cmc, untrained_cmc
+from sieve.training.checkpointing import load_state, warmup_linear_schedule
+from sieve.training.cmc_train import (CMCTrainConfig, LabelledTask, ListwiseTask, Trainee, load_labelled, train_cmc,
                                 train_distill)
-from training.losses import cmc_listwise_loss, cmc_loss, listwise_kl
+from sieve.training.losses import cmc_listwise_loss, cmc_loss, listwise_kl
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "demo_corpus.jsonl"
+DEMO = Path(__file__).resolve().parents[2] / "sieve" / "demo_corpus.jsonl"
 TINY = CMCTrainConfig(k=16, batch_size=4, epochs=4, dev_fraction=0.25, eval_every=1000, log_every=1)
 
 
@@ -243,8 +243,8 @@ def test_separate_regime_trains_a_candidate_tower(beir, biencoder, cache_dir, tm
 def test_distillation_lowers_the_kl_to_a_fixed_teacher(beir, biencoder, cache_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from models.cross_encoder import CrossEncoder
-    from models.weights import default_model_path
+    from sieve.models.cross_encoder import CrossEncoder
+    from sieve.models.weights import default_model_path
 
     torch.manual_seed(0)  # an untrained scoring head on MiniLM: an arbitrary but fixed teacher
     head = AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1)
@@ -263,8 +263,8 @@ def test_distillation_lowers_the_kl_to_a_fixed_teacher(beir, biencoder, cache_di
 
 
 def test_cli_registers_both_commands_with_config_defaults(beir, tmp_path):
-    from service.cli import build_parser
-    from training.cmc_cli import cmd_cmc, cmd_distill, config_from
+    from sieve.cli import build_parser
+    from sieve.training.cmc_cli import cmd_cmc, cmd_distill, config_from
 
     args = build_parser().parse_args(["train", "cmc", "--data", str(beir), "--data", str(beir), "--out", str(tmp_path),
                                       "--regime", "shared", "--lambda-kl", "0.5", "--max-steps", "7"])
@@ -276,10 +276,10 @@ def test_cli_registers_both_commands_with_config_defaults(beir, tmp_path):
 
 
 def test_cli_trains_and_reports(beir, biencoder, cache_dir, tmp_path, monkeypatch, capsys):
-    import service.components
-    from service.cli import main
+    import sieve.service.components
+    from sieve.cli import main
 
-    monkeypatch.setattr(service.components, "load_biencoder", lambda settings, device: biencoder)
+    monkeypatch.setattr(sieve.service.components, "load_biencoder", lambda settings, device: biencoder)
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     out = tmp_path / "cli-run"
     main(["train", "cmc", "--data", str(beir), "--out", str(out), "--k", "8", "--batch-size", "8", "--max-steps", "3"])

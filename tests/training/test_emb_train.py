@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from models.cross_encoder import CrossEncoder, PairLengths
-from models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
-from training.ce_train import CETrainer
+from sieve.training.ce_train import CETrainer
 
 
 def marker_rows(scorer: EmbPairScorer) -> torch.Tensor:
@@ -37,7 +37,7 @@ def test_lce_steps_lower_the_loss_and_train_the_markers(tiny_beir, tiny_dataset,
 
 
 def test_sieve_train_ce_head_emb_writes_a_loadable_checkpoint(tiny_beir, cache_dir, tmp_path, monkeypatch):  # noqa: F811
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     out = tmp_path / "emb"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.transfer import relevant
-from pipeline.evidence import features
-from training.fusion import FusionConfig, Lists, first_stage_ndcg, train, unseen_split
+from sieve.evaluation.transfer import relevant
+from sieve.pipeline.evidence import features
+from sieve.training.fusion import FusionConfig, Lists, first_stage_ndcg, train, unseen_split
 
 
 def test_unseen_split_keeps_dev_documents_out_of_training():

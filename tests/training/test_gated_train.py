@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.ce_gated import GatedScorer
-from models.cross_encoder import CrossEncoder
+from sieve.models.ce_gated import GatedScorer
+from sieve.models.cross_encoder import CrossEncoder
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
-from training.ce_train import CETrainer
+from sieve.training.ce_train import CETrainer
 
 
 def test_lce_steps_lower_the_loss_and_move_the_gates(tiny_beir, tiny_dataset, tmp_path):  # noqa: F811
@@ -33,7 +33,7 @@ def test_lce_steps_lower_the_loss_and_move_the_gates(tiny_beir, tiny_dataset, tm
 
 
 def test_sieve_train_ce_head_gated_writes_a_checkpoint_that_init_continues(tiny_beir, cache_dir, tmp_path, monkeypatch):  # noqa: F811
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     args = ["train", "ce", "--data", str(tiny_beir), "--negatives", "3", "--neg-pool", "10", "--batch-groups", "2",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.cross_encoder import CrossEncoder
-from models.late_interaction import LateInteractionScorer
+from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.late_interaction import LateInteractionScorer
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
-from training.ce_train import CETrainer, group_parts, lce_loss
+from sieve.training.ce_train import CETrainer, group_parts, lce_loss
 
 
 def test_both_heads_are_trained_and_their_losses_fall(tiny_beir, tiny_dataset, tmp_path):  # noqa: F811
@@ -32,7 +32,7 @@ def test_both_heads_are_trained_and_their_losses_fall(tiny_beir, tiny_dataset, t
 
 
 def test_sieve_train_ce_head_cls_late_writes_a_loadable_checkpoint(tiny_beir, cache_dir, tmp_path, monkeypatch):  # noqa: F811
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     out = tmp_path / "late"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import torch
 
-from models.mix_runtime import MixRuntime
+from sieve.models.mix_runtime import MixRuntime
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
-from training.mix_train import MixTrainConfig, MixTrainer, excluded
+from sieve.training.mix_train import MixTrainConfig, MixTrainer, excluded
 
 
 def mix_config(data, out, **overrides) -> MixTrainConfig:
@@ -50,7 +50,7 @@ def test_steps_lower_the_loss_and_train_body_gates_and_context_tokens(tiny_beir,
 
 
 def test_sieve_train_mix_writes_a_loadable_checkpoint_and_resumes(tiny_beir, cache_dir, tmp_path, monkeypatch):  # noqa: F811
-    from service.cli import main
+    from sieve.cli import main
 
     monkeypatch.setenv("SIEVE_CACHE_DIR", str(cache_dir))
     out = tmp_path / "mix"

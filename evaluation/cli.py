@@ -1,6 +1,0 @@
-"""`sieve eval` is registered by the evaluation runner."""
-from __future__ import annotations
-
-from evaluation.runner_cli import register
-
-__all__ = ["register"]

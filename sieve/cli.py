@@ -1,0 +1,200 @@
+"""`sieve` command line: index build/add/delete, serve, demo (build a demo index if needed, then serve)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from sieve.service import anncur_cli
+from sieve.service.config import Settings
+
+DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sieve", description="Sieve multi-stage retrieval service")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    index = sub.add_parser("index", help="build and edit indexes").add_subparsers(dest="index_command", required=True)
+    build = index.add_parser("build", help="encode a BEIR corpus.jsonl into an index directory")
+    build.add_argument("--corpus", required=True, type=Path)
+    build.add_argument("--out", required=True, type=Path)
+    build.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    build.add_argument("--faiss", choices=["flat", "ivf", "hnsw"], default="flat", help="flat = exact inner product")
+    build.add_argument("--nlist", type=int, help="IVF cells (default ~4*sqrt(N))")
+    build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
+    build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
+    build.add_argument("--mix-checkpoint", type=Path, help="also store a MixEncoder's context embeddings (store 'mix')")
+    build.add_argument("--no-lexical", action="store_true", help="no BM25 part (retrievers bm25 and hybrid then answer 400)")
+    build.add_argument("--lexical-language", help="BM25 analyzer language (SIEVE_LEXICAL_LANGUAGE, default english; 'none')")
+    build.set_defaults(func=cmd_build)
+    add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
+    add.add_argument("--index", required=True, type=Path)
+    add.add_argument("--corpus", required=True, type=Path)
+    add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
+    add.add_argument("--mix-checkpoint", type=Path, help="needed when the index holds a MixEncoder store")
+    add.set_defaults(func=cmd_add)
+    add_store = index.add_parser("add-store", help="add (or replace) a CMC or MixEncoder store covering every document")
+    add_store.add_argument("--index", required=True, type=Path)
+    add_store.add_argument("--cmc-checkpoint", type=Path, help="a separate-mode CMC: its candidate vectors")
+    add_store.add_argument("--mix-checkpoint", type=Path, help="a MixEncoder: its context embeddings")
+    add_store.set_defaults(func=cmd_add_store)
+    anncur_cli.register(index)
+    delete = index.add_parser("delete", help="delete documents by id")
+    delete.add_argument("--index", required=True, type=Path)
+    delete.add_argument("ids", nargs="+")
+    delete.set_defaults(func=cmd_delete)
+
+    serve = sub.add_parser("serve", help="serve an index (settings from SIEVE_* environment variables)")
+    add_server_args(serve)
+    serve.set_defaults(func=lambda args, settings: run_server(settings))
+    demo = sub.add_parser("demo", help="build a demo index (bundled corpus or --corpus) if needed, then serve it")
+    demo.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="BEIR corpus.jsonl (default: bundled demo)")
+    add_server_args(demo)
+    demo.set_defaults(func=cmd_demo)
+    register_plugins(sub)
+    return parser
+
+
+def register_plugins(sub) -> None:
+    """Training and evaluation commands live beside their code; each module adds its own sub-commands."""
+    from sieve.evaluation import cli as eval_cli
+    from sieve.training import cli as train_cli
+
+    train_cli.register(sub)
+    eval_cli.register(sub)
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
+    parser.add_argument("--host", help="bind address (SIEVE_HOST)")
+    parser.add_argument("--port", type=int, help="port (SIEVE_PORT)")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
+                                   "port": getattr(args, "port", None)}.items() if v is not None}
+    return Settings(**overrides)
+
+
+def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None) -> dict:
+    from sieve.models.cmc_checkpoint import load_cmc
+    from sieve.models.device import pick_device
+    from sieve.service.components import load_biencoder
+
+    biencoder = load_biencoder(settings, pick_device(settings.device))
+    found = {"primary": biencoder}
+    if cmc_checkpoint:
+        bundle = load_cmc(cmc_checkpoint, biencoder)
+        if bundle.candidate_tower is None:
+            raise SystemExit(f"{cmc_checkpoint} is a shared-mode CMC: it reuses the bi-encoder vectors, no store needed")
+        found["cmc"] = bundle.candidate_tower
+    if mix_checkpoint:
+        from sieve.models.mix_runtime import STORE, MixLengths, MixRuntime
+
+        found[STORE] = MixRuntime.from_pretrained(mix_checkpoint, device=biencoder.device, batch_size=settings.encode_batch_size,
+                                                  lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
+    return found
+
+
+def cmd_build(args, settings: Settings) -> None:
+    from sieve.index import build_index, read_beir_corpus
+
+    found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
+    params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
+    extra = {k: v for k, v in found.items() if k != "primary"}
+    manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
+                           faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
+                           extra_stores=extra or None, lexical=lexical_of(args, settings))
+    print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version,
+                      "lexical": manifest.lexical or None}))
+
+
+def lexical_of(args, settings: Settings):
+    if args.no_lexical:
+        return None
+    if args.lexical_language:
+        settings = settings.model_copy(update={"lexical_language": args.lexical_language, "lexical_enabled": True})
+    return settings.lexical_config()
+
+
+def cmd_add(args, settings: Settings) -> None:
+    from sieve.index import add_documents, read_beir_corpus
+
+    manifest = add_documents(args.index, read_beir_corpus(args.corpus),
+                             encoders(settings, args.cmc_checkpoint, args.mix_checkpoint))
+    print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def cmd_add_store(args, settings: Settings) -> None:
+    from sieve.index import add_store
+
+    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint).items() if k != "primary"}
+    if not stores:
+        raise SystemExit("sieve index add-store: give --cmc-checkpoint and/or --mix-checkpoint")
+    for name, encoder in stores.items():
+        manifest = add_store(args.index, name, encoder, cache_dir=settings.cache_dir)
+    print(json.dumps({"index": str(args.index), "stores": sorted(manifest.stores), "version": manifest.version}))
+
+
+def cmd_delete(args, settings: Settings) -> None:
+    from sieve.index import delete_documents
+
+    manifest = delete_documents(args.index, args.ids)
+    print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def run_server(settings: Settings) -> None:
+    """Loads models and index before uvicorn starts, so a bad index or model ends with one clear line."""
+    import uvicorn
+
+    from sieve.service.app import create_app
+    from sieve.service.components import load_components
+
+    components = load_components(settings)
+    app = create_app(settings, loader=lambda _: components)
+    from sieve.service.connections import bounded_h11
+
+    # h11, not httptools: only h11 bounds the size of request line + headers (httptools buffers any size); ours
+    # also bounds the time they may take
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes)
+
+
+def cmd_demo(args, settings: Settings) -> None:
+    """Builds the index only when it is missing or was built from another corpus or model, then serves it."""
+    from sieve.index import IndexNotFoundError, IndexMismatchError, SearchIndex, build_index, corpus_hash, read_beir_corpus
+
+    docs = read_beir_corpus(args.corpus)
+    found = encoders(settings, None)["primary"]
+    try:
+        live = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=found.weights_hash, dim=found.dim)
+        stale = live.manifest.corpus_hash != corpus_hash(docs) or live.has_lexical != settings.lexical_enabled
+        live.close()
+    except (IndexNotFoundError, IndexMismatchError):
+        stale = True
+    if stale:
+        print(f"building the demo index at {settings.index_dir} from {args.corpus} ({len(docs)} documents)", file=sys.stderr)
+        build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir, lexical=settings.lexical_config())
+    run_server(settings)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["sieve", *argv])  # recorded in model cards and result files
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise to users
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # a DEBUG line per BM25 build
+    settings = settings_from(args)
+    try:
+        args.func(args, settings)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise SystemExit(f"sieve: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Cross-encoder: one logit on [CLS] for each (query, document) pair, from any local checkpoint directory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+
+from sieve.models.weights import check_model_dir, offline, weights_hash
+
+
+class PairScorer(nn.Module):
+    """Pure module: pair token ids in, one relevance logit per pair out."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.classifier(input_ids=input_ids, attention_mask=attention_mask,
+                                 token_type_ids=token_type_ids).logits  # (B, num_labels)
+        return logits[:, 0]  # (B,)
+
+
+@dataclass(frozen=True)
+class PairLengths:
+    query_max_length: int = 64
+    max_length: int = 512
+
+
+class CrossEncoder:
+    """Tokenise pairs (query cut to its own budget first, then the document fills the rest) -> PairScorer."""
+
+    def __init__(self, scorer: PairScorer, tokenizer, *, name: str, weights_hash: str,
+                 lengths: PairLengths = PairLengths(), device: torch.device = torch.device("cpu"),
+                 batch_size: int = 16):
+        self.scorer = scorer.to(device).eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.weights_hash = weights_hash
+        self.lengths = lengths
+        self.device = device
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, lengths: PairLengths = PairLengths(),
+                        device: torch.device = torch.device("cpu"), batch_size: int = 16) -> "CrossEncoder":
+        """Any variant: the checkpoint's sieve_head.json picks the head (models/ce_heads.py; none = "cls")."""
+        from sieve.models.ce_heads import head_hash, load_head
+
+        offline()
+        path = check_model_dir(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return cls(load_head(path, tokenizer), tokenizer, name=path.name,
+                   weights_hash=head_hash(path, weights_hash(path)), lengths=lengths, device=device,
+                   batch_size=batch_size)
+
+    def tokenize_pairs(self, query: str | Sequence[str], documents: Sequence[str]) -> dict[str, torch.Tensor]:
+        queries = [query] * len(documents) if isinstance(query, str) else list(query)
+        if hasattr(self.scorer, "mark_texts"):  # a head that reads marker tokens (emb) adds them to the texts
+            queries, documents = self.scorer.mark_texts(queries, documents)
+        tok = self.tokenizer
+        q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
+        d_ids = tok(list(documents), add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
+        if hasattr(self.scorer, "pair_inputs"):  # a head with its own pair layout (gated)
+            batch = self.scorer.pair_inputs(tok, q_ids, d_ids, self.lengths.max_length)
+        else:
+            pairs = [tok.prepare_for_model(q, d, truncation="only_second", max_length=self.lengths.max_length)
+                     for q, d in zip(q_ids, d_ids)]
+            batch = tok.pad(pairs, padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def score(self, query: str, documents: Sequence[str]) -> torch.Tensor:
+        """(N,) float32 logits on CPU, documents scored in batches in length order."""
+        return self.batched(query, documents, self.scorer, ())
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        """The separately trained parts of a sum-of-parts head (gated: cls, cos), else ()."""
+        return tuple(getattr(self.scorer, "part_names", ()))
+
+    def score_parts(self, query: str, documents: Sequence[str]) -> torch.Tensor:
+        """(N, P) float32 on CPU: each part of a sum-of-parts head, columns in `part_names` order; the row sums are
+        score()'s scores. A head without parts is refused."""
+        if not self.part_names:
+            raise ValueError(f"{self.name}: its cross-encoder head has no separately trained parts to score")
+        return self.batched(query, documents, lambda **batch: torch.stack(self.scorer.parts(**batch), dim=-1),
+                            (len(self.part_names),))
+
+    def batched(self, query: str, documents: Sequence[str], forward, width: tuple[int, ...]) -> torch.Tensor:
+        """forward(**pair inputs) -> (B, *width) over the documents in batches, longest first (less padding)."""
+        order = sorted(range(len(documents)), key=lambda i: -len(documents[i]))
+        out = torch.empty((len(documents), *width), dtype=torch.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                out[idx] = forward(**self.tokenize_pairs(query, [documents[i] for i in idx])).float().cpu()
+        return out

@@ -1,0 +1,84 @@
+"""Lexical and hybrid first stages: BM25 alone, and BM25 fused with the bi-encoder by reciprocal rank.
+
+Every candidate of a hybrid list carries both first-stage scores, not only those of the lists it came from
+(BM25 scores every row at once; the bi-encoder's inner product is one dot product with the stored vector), so a
+later stage sees complete evidence. Columns: "retrieve" = the score this stage ranked by (BM25, or the fused
+RRF score), "be" = bi-encoder inner product, "bm25" = BM25 score.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sieve.index.lexical import top_positive
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.stages import FirstStage
+from sieve.pipeline.state import QueryState
+
+RRF_K = 60
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    depth: int = 100  # top N taken from each list before fusion
+    rrf_k: float = RRF_K
+    weight_be: float = 1.0  # weighted RRF: each list's 1 / (k + rank) is multiplied by its weight
+    weight_bm25: float = 1.0
+
+
+def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion of ranked row lists (best first): sum of weight / (k + rank), rank from 1.
+    Returns (rows, fused scores) best first; ties keep the order of first appearance (list 0 first)."""
+    fused: dict[int, float] = {}
+    for rows, weight in zip(lists, weights):
+        for rank, row in enumerate(rows.tolist(), start=1):
+            fused[row] = fused.get(row, 0.0) + weight / (k + rank)
+    rows = np.fromiter(fused.keys(), dtype=np.int64, count=len(fused))
+    scores = np.fromiter(fused.values(), dtype=np.float64, count=len(fused))
+    order = np.argsort(-scores, kind="stable")
+    return rows[order], scores[order].astype(np.float32)
+
+
+def inner_products(index, rows: np.ndarray, query_vector) -> np.ndarray:
+    query = query_vector.float().cpu().numpy()
+    return (index.embeddings(rows) @ query).astype(np.float32)
+
+
+class LexicalRetrieve(FirstStage):
+    """BM25 over the index's lexical part. Only documents sharing a term with the query are returned."""
+
+    def __call__(self, state: QueryState) -> QueryState:
+        with state.timed("bm25"):
+            scores, rows = self.index.search_lexical(state.query, self.k)
+        if len(rows) == 0:
+            state.warnings.append("no indexed document shares a term with the query (BM25 found nothing)")
+        state.candidates = Candidates(rows=rows, scores={"retrieve": scores, "bm25": scores})
+        state.counts["bm25"] = len(rows)
+        return state
+
+
+class HybridRetrieve(FirstStage):
+    """The bi-encoder's and BM25's top `depth` each, fused by reciprocal rank; the union (up to k) in fused order."""
+
+    def __init__(self, index, k: int, config: HybridConfig = HybridConfig()):
+        super().__init__(index, k)
+        self.config = config
+
+    def __call__(self, state: QueryState) -> QueryState:
+        depth = min(max(self.config.depth, 1), self.index.size)
+        vector = state.query_vectors["be"]
+        with state.timed("mips"):
+            _, dense_rows = self.index.search(vector.float().cpu().numpy()[None, :], depth)
+        with state.timed("bm25"):
+            all_bm25 = self.index.lexical_scores(state.query)
+            _, bm25_rows = top_positive(all_bm25, depth)
+        with state.timed("fuse"):
+            rows, fused = rrf_fuse([dense_rows[0], bm25_rows], [self.config.weight_be, self.config.weight_bm25],
+                                   self.config.rrf_k)
+            rows, fused = rows[:self.k], fused[:self.k]
+            be = inner_products(self.index, rows, vector)
+        state.counts["bm25"] = len(bm25_rows)
+        state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": all_bm25[rows]})
+        state.counts["retrieve"] = len(rows)
+        return state

@@ -1,0 +1,95 @@
+"""/rerank inputs: texts, indexed ids or both, turned into a candidate list with vectors for CMC."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from sieve.models.cmc_checkpoint import CMCBundle
+from sieve.models.text_encoder import TextEncoder
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.errors import TooMuchWork
+from sieve.pipeline.state import QueryState
+
+
+@dataclass(frozen=True)
+class RerankItem:
+    """One /rerank input: a text, an indexed id, or both."""
+
+    text: str | None = None
+    id: str | None = None
+
+
+def resolve_texts(index, items: Sequence[RerankItem]) -> list[str]:
+    """Each item's text: its own, or the indexed document's when only an id was given."""
+    id_only = [item.id for item in items if item.text is None]
+    stored = {}
+    if id_only:
+        rows = index.rows_for_ids(id_only)
+        stored = {doc.id: doc.full_text for doc in index.documents(rows)}
+    return [item.text if item.text is not None else stored[item.id] for item in items]
+
+
+def indexed_rows(index, items: Sequence[RerankItem], texts: list[str]) -> list[int]:
+    """Index row of each item whose id is indexed and whose text (if given) is the indexed text, else -1."""
+    ids = [item.id for item in items if item.id is not None and index.has_id(item.id)]
+    if not ids:
+        return [-1] * len(items)
+    rows = dict(zip(ids, index.rows_for_ids(ids)))
+    docs = {doc.id: doc.full_text for doc in index.documents(list(rows.values()))}
+    return [rows[item.id] if item.id in rows and docs[item.id] == text else -1 for item, text in zip(items, texts)]
+
+
+def check_work(texts: Sequence[str], max_length: int, limit: int | None) -> None:
+    """413 when the texts a model must read come to more than `limit` tokens. Each text counts as at most
+    min(characters + 2, max_length) tokens (no token holds less than one character): an upper bound needing no
+    tokenizer pass over what may be megabytes."""
+    tokens = sum(min(len(t) + 2, max_length) for t in texts)
+    if limit is not None and tokens > limit:
+        raise TooMuchWork(f"these documents are up to {tokens} tokens for the model to read; this server takes at "
+                          f"most {limit} per request", field="documents",
+                          allowed=f"at most {limit} tokens (SIEVE_RERANK_MAX_TOKENS): fewer or shorter documents, "
+                          "or ids of indexed documents")
+
+
+def encode_within(tower: TextEncoder, texts: list[str], deadline: float | None) -> np.ndarray | None:
+    """(N, d) vectors, a batch at a time (longest texts first); None when the deadline has passed with batches still
+    to go. A request is late by at most one batch (tower.batch_size texts), and one batch always runs."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.empty((len(texts), tower.dim), dtype=np.float32)
+    for start in range(0, len(texts), tower.batch_size):
+        if start and deadline is not None and time.monotonic() >= deadline:
+            return None
+        idx = order[start:start + tower.batch_size]
+        out[idx] = tower.encode_documents([texts[i] for i in idx], progress=False)
+    return out
+
+
+def rerank_candidates(index, items: Sequence[RerankItem], texts: list[str], bundle: CMCBundle,
+                      biencoder: TextEncoder, state: QueryState) -> Candidates | None:
+    """Indexed documents reuse their stored vectors; any other text goes through the candidate tower now, within
+    the request's deadline (None when it runs out first). The candidates carry a "retrieve" score,
+    <query, candidate>: the order kept if CMC runs out of time."""
+    indexed = indexed_rows(index, items, texts)
+    store = "cmc" if bundle.config.mode == "separate" else None
+    tower = bundle.candidate_tower or biencoder
+    vectors = np.empty((len(items), tower.dim), dtype=np.float32)
+    known = [i for i, row in enumerate(indexed) if row >= 0]
+    if known:
+        vectors[known] = index.embeddings([indexed[i] for i in known], store=store)
+    fresh = [i for i, row in enumerate(indexed) if row < 0]
+    if fresh:
+        with state.timed("candidate_encode"):
+            encoded = encode_within(tower, [texts[i] for i in fresh], state.deadline)
+        if encoded is None:
+            return None
+        vectors[fresh] = encoded
+    state.counts["candidate_encode"] = len(fresh)
+    query = state.query_vectors["cmc"].float().cpu().numpy()  # (d,)
+    retrieve = vectors @ query  # (K,)
+    order = np.argsort(-retrieve, kind="stable")
+    cands = Candidates(rows=np.asarray(indexed), scores={"retrieve": retrieve.astype(np.float32)}, vectors=vectors,
+                       texts=texts)
+    return cands.take(order)

@@ -1,0 +1,46 @@
+"""Per-request state handed from stage to stage."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from sieve.pipeline.candidates import Candidates
+
+
+@dataclass
+class QueryState:
+    query: str
+    candidates: Candidates | None = None
+    query_vectors: dict[str, torch.Tensor] = field(default_factory=dict)  # "be", "cmc" -> (d,)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # candidates that entered each stage
+    warnings: list[str] = field(default_factory=list)
+    deadline: float | None = None  # time.monotonic() by which the answer is due; None = no deadline
+    skipped: list[str] = field(default_factory=list)  # stages skipped for lack of time (previous order kept)
+    ran: list[str] = field(default_factory=list)  # stages that ranked the candidates, in order
+    index: object | None = None  # the index version this request reads from start to end
+    use_cache: bool = True  # False: the caller asked for fresh work (Cache-Control: no-cache), no cached vectors
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.skipped)
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline (negative once past it), None without a deadline."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def budget_s(self, stage: str, budgets_ms: dict[str, float]) -> float | None:
+        """Time this stage may take: the smaller of its own budget and what is left of the request's."""
+        limits = [s for s in (self.remaining_s(), budgets_ms.get(stage, 0) / 1000 or None) if s is not None]
+        return min(limits) if limits else None
+
+    @contextmanager
+    def timed(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings_ms[stage] = self.timings_ms.get(stage, 0.0) + (time.perf_counter() - start) * 1000

@@ -1,0 +1,146 @@
+"""App factory: the lifespan loads models and index once; handlers only see what it put on app.state."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Callable
+
+import anyio
+import torch
+from fastapi import FastAPI, Request
+
+from sieve.service import routes_documents
+from sieve.service.cache import Caches, digest
+from sieve.service.components import Components, load_components
+from sieve.service.config import Settings
+from sieve.service.errors import install_error_handlers
+from sieve.service.metrics import Metrics
+from sieve.service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter, scrub_access_log
+from sieve.service.routes import router
+from sieve.service.runtime import load_index
+from sieve.service.updates import IndexUpdater
+
+DESCRIPTION = """Sieve: bi-encoder retrieval over FAISS, CMC reranking of the candidates in context of each other,
+and an optional cross-encoder. `POST /search` for applications, `POST /rerank` for candidate lists from elsewhere,
+`POST /documents` and `DELETE /documents/{id}` to change the live index."""
+log = logging.getLogger("sieve")
+
+
+def count_requests(app: FastAPI) -> None:
+    known = {getattr(route, "path", None) for route in app.routes}
+
+    @app.middleware("http")
+    async def counter(request: Request, call_next):
+        status = 500  # an exception escaping the handlers is answered 500 by the outermost middleware
+        started = time.perf_counter()
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = getattr(request.scope.get("route"), "path", None)  # the route template, never the raw URL
+            endpoint = route or (request.url.path if request.url.path in known else "unmatched")
+            app.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+
+
+def model_identity(model) -> list | None:
+    """Name, weights and token lengths of a model that can answer a request; None where it is not loaded."""
+    if model is None:
+        return None
+    lengths = getattr(model, "lengths", None)
+    return [getattr(model, "name", None), getattr(model, "weights_hash", None), repr(lengths) if lengths else None]
+
+
+def fingerprint(components: Components, settings: Settings) -> str:
+    """What the answers depend on beyond the request and the index: cached results are only shared between servers
+    with the same models, every model a request can pick included (CMC, both cross-encoders, the MixEncoder, annCUR
+    and the annCUR index it searches)."""
+    s = components.searcher
+    cmc = [model_identity(s.cmc.query_tower), s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
+    anncur = None
+    if s.anncur:
+        built = s.anncur.index
+        anncur = [model_identity(s.anncur.cross_encoder), built.index.version, built.corpus_hash,
+                  digest(json.dumps(built.record, sort_keys=True, default=str))]
+    return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
+                              model_identity(s.late_ce), model_identity(s.mix), anncur,
+                              settings.query_max_length, settings.query_overflow]))
+
+
+def start_services(app: FastAPI, settings: Settings, components: Components) -> None:
+    state, metrics, searcher = app.state, app.state.metrics, components.searcher
+    state.caches = Caches(settings, metrics)
+    state.caches.fingerprint = fingerprint(components, settings)
+    searcher.embedding_cache = state.caches.embeddings
+    searcher.runners.on_batch = metrics.observe_batch
+    state.auth = Authenticator(settings.keys())
+    scrub_access_log()  # after uvicorn configured its loggers
+    state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
+    encoders = {"primary": searcher.biencoder}
+    if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:
+        encoders["cmc"] = searcher.cmc.candidate_tower
+    if searcher.index.has_store("mix") and searcher.mix:  # new documents get their MixEncoder context embeddings
+        encoders["mix"] = searcher.mix
+
+    def on_swap(index, commit_s):
+        metrics.set_index(index)
+        if commit_s is not None:
+            metrics.index_commit.observe(commit_s)
+
+    state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
+                                 lambda: load_index(settings, searcher.biencoder, torch.device(components.device), searcher.cmc),
+                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s)
+    metrics.set_index(searcher.index)
+    # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
+    anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)
+    log.info("api keys: %s; rate limit: %s; cache: %s", "on" if state.auth.enabled else "off",
+             f"{settings.rate_limit_per_s}/s burst {settings.rate_limit_burst}" if settings.rate_limit_per_s else "off",
+             ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
+
+
+def document_optional_auth(app: FastAPI) -> None:
+    """Without API keys the Bearer header is optional: say so in the OpenAPI (`{}` in each `security` list), so
+    clients and schema fuzzers do not treat a request without it as invalid."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if operation.get("security") and {} not in operation["security"]:
+                    operation["security"].append({})
+        return schema
+
+    app.openapi = openapi
+
+
+def create_app(settings: Settings | None = None,
+               loader: Callable[[Settings], Components] = load_components) -> FastAPI:
+    """`loader` is the seam for tests that need a fake model; production uses load_components."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.components = loader(settings)
+        start_services(app, settings, app.state.components)
+        yield
+        app.state.updater.close()
+        app.state.components.close()
+
+    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    install_error_handlers(app)
+    app.include_router(router)
+    app.include_router(routes_documents.router)
+    if not settings.keys():
+        document_optional_auth(app)
+    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
+                       body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
+    count_requests(app)  # outermost: counts every answer, the limits' included
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return app

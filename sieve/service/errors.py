@@ -1,0 +1,75 @@
+"""Maps every failure a client can cause to a 4xx JSON body; anything else is logged and answered 500 without a
+traceback in the body."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sieve.index import IndexDiskFullError, UnknownDocumentError
+from sieve.pipeline.errors import RequestError
+
+log = logging.getLogger("sieve")
+
+
+def error_body(status: int, code: str, message: str, headers: dict | None = None, **extra) -> JSONResponse:
+    info = {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+    return JSONResponse(status_code=status, content={"error": info}, headers=headers)
+
+
+def describe(error: dict) -> dict:
+    field = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    return {"field": field or None, "message": error.get("msg", "invalid"), "type": error.get("type")}
+
+
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_body(400, "malformed_json", "the request body is not valid JSON",
+                          allowed="a JSON object as described at /docs")
+    details = [describe(e) for e in errors]
+    summary = "; ".join(f"{d['field']}: {d['message']}" if d["field"] else d["message"] for d in details)
+    return error_body(422, "validation_error", summary, details=details, allowed="see the request schema at /docs")
+
+
+async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
+    return error_body(exc.status_code, exc.code, exc.message, field=exc.field, allowed=exc.allowed)
+
+
+async def on_unknown_documents(request: Request, exc: UnknownDocumentError) -> JSONResponse:
+    message = exc.args[0] if exc.args else "unknown document ids"
+    if request.url.path.startswith("/documents"):  # a resource path: the document is not there
+        return error_body(404, "not_found", str(message), allowed="the id of an indexed document")
+    return error_body(422, "unknown_document_ids", str(message), field="documents",
+                      allowed="ids of indexed documents, or give the text")
+
+
+async def on_disk_full(request: Request, exc: IndexDiskFullError) -> JSONResponse:
+    return error_body(507, "insufficient_storage", exc.strerror or "no space left on the index filesystem",
+                      allowed="retry once the index filesystem has space; nothing of this write was applied")
+
+
+HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+              413: "body_too_large", 429: "rate_limited"}
+
+
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_body(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail),
+                      headers=getattr(exc, "headers", None))
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_body(500, "internal_error", "the server failed to answer; the error is in its log")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(RequestError, on_request_error)
+    app.add_exception_handler(UnknownDocumentError, on_unknown_documents)
+    app.add_exception_handler(IndexDiskFullError, on_disk_full)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,197 @@
+"""Thin handlers: validate, call the pipeline, shape the reply. Sync functions, so FastAPI runs them in its
+thread pool; model work runs in the per-model batch workers, never on the event loop."""
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sieve.pipeline.errors import RequestError
+from sieve.pipeline.searcher import RerankItem, SearchParams
+from sieve.service import schemas
+from sieve.service.cache import Caches
+from sieve.service.components import Components
+from sieve.service.config import Settings
+from sieve.service.metrics import Metrics
+from sieve.service.protection import RateLimited, Unauthorized
+from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
+
+router = APIRouter()
+ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
+bearer = HTTPBearer(auto_error=False, description="API key, when the server has SIEVE_API_KEYS or SIEVE_API_KEYS_FILE")
+
+
+def get_components(request: Request) -> Components:
+    return request.app.state.components
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+def get_caches(request: Request) -> Caches:
+    return request.app.state.caches
+
+
+def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    """API key (when configured), then the caller's rate limit; the key itself is never logged or stored. Failed
+    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty)."""
+    state = request.app.state
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
+    address = request.client.host if request.client else "anonymous"
+    try:
+        caller = state.auth.identify(header)
+    except Unauthorized:
+        state.metrics.rejected.labels(reason="unauthorized").inc()
+        limit(state, f"auth-failed:{address}")
+        raise
+    limit(state, caller or address)
+
+
+def limit(state, caller: str) -> None:
+    try:
+        state.limiter.check(caller)
+    except RateLimited:
+        state.metrics.rejected.labels(reason="rate_limited").inc()
+        raise
+
+
+ComponentsDep = Annotated[Components, Depends(get_components)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+CachesDep = Annotated[Caches, Depends(get_caches)]
+Guarded = [Depends(guard)]
+
+
+def check_limit(value: int, limit: int, field: str, setting: str) -> None:
+    if value > limit:
+        raise RequestError(f"{field} {value} is above this server's limit {limit}", field=field,
+                           allowed=f"at most {limit} ({setting})")
+
+
+def timeout_of(body, settings: Settings) -> int | None:
+    return body.timeout_ms or settings.default_timeout_ms
+
+
+@router.post("/search", response_model=schemas.SearchResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
+def search(body: schemas.SearchRequest, request: Request, components: ComponentsDep, settings: SettingsDep,
+           metrics: MetricsDep, caches: CachesDep):
+    """Retrieve with the bi-encoder, optionally rerank with CMC and the cross-encoder, return the top_k.
+    `Cache-Control: no-cache` asks for fresh work: no cached result or query vector is used (the answer is still
+    stored), so a benchmark or `sieve eval --server` measures the models, not the cache."""
+    check_limit(body.top_k, settings.max_top_k, "top_k", "SIEVE_MAX_TOP_K")
+    check_limit(body.retrieve_k, settings.max_retrieve_k, "retrieve_k", "SIEVE_MAX_RETRIEVE_K")
+    started = time.perf_counter()
+    searcher = components.searcher
+    fresh = "no-cache" in request.headers.get("cache-control", "").lower()
+    retriever = body.retriever or searcher.default_retriever(searcher.index)
+    rerank = body.rerank or ("none" if retriever == "anncur" else settings.default_rerank)
+    use_ce = body.cross_encoder if body.cross_encoder is not None else \
+        settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
+    params = SearchParams(body.query, body.top_k, body.retrieve_k, rerank, body.cmc_k, use_ce,
+                          timeout_of(body, settings), retriever=retriever, ce_model=body.ce_model,
+                          use_cache=not fresh)
+    key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
+                                                            "cross_encoder": use_ce, "retriever": retriever,
+                                                            "rerank": rerank,
+                                                            "server": caches.fingerprint}
+    hit = None
+    if caches.results and not fresh:
+        hit = caches.results.get(caches.results.key(key_params, searcher.index))
+    if hit:
+        timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
+        return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
+    outcome = searcher.search(params)
+    metrics.observe(outcome.state.timings_ms, outcome.state.counts)
+    response = search_response(outcome, body.return_documents)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
+    elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
+        caches.results.put(caches.results.key(key_params, outcome.index),
+                           response.model_dump(exclude={"timings_ms", "cached"}))
+    return response
+
+
+def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:
+    return [RerankItem(text=d) if isinstance(d, str) else RerankItem(text=d.text, id=d.id) for d in body.documents]
+
+
+@router.post("/rerank", response_model=schemas.RerankResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
+def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep):
+    """Rerank a candidate list from elsewhere (Cohere / TEI shape). Indexed ids reuse stored vectors."""
+    check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
+    items = rerank_items(body)
+    outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
+                                         timeout_of(body, settings), settings.rerank_max_tokens)
+    metrics.observe(outcome.state.timings_ms, outcome.state.counts)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
+    return rerank_response(outcome, items, body.model, body.return_documents)
+
+
+COHERE_MODELS = ("ce", "cmc")
+WORD = re.compile(r"\S+")
+
+
+def sieve_model(name: str, searcher) -> str:
+    """`ce` / `cmc` as named; a Cohere model name (`rerank-v3.5`, ...) = the default reranker of this server."""
+    if name in COHERE_MODELS:
+        return name
+    if name.startswith("rerank-"):
+        return "ce" if searcher.cross_encoder is not None else "cmc"
+    raise RequestError(f"model {name!r} is not supported", field="model",
+                       allowed="ce | cmc | a Cohere name rerank-* (the cross-encoder when loaded, else cmc)")
+
+
+def first_words(text: str, max_words: int | None) -> str:
+    """The text up to its max_words-th whitespace-separated word (the text itself when shorter or no limit)."""
+    if max_words is None:
+        return text
+    ends = [m.end() for _, m in zip(range(max_words), WORD.finditer(text))]
+    return text[:ends[-1]] if len(ends) == max_words else text
+
+
+@router.post("/v2/rerank", response_model=schemas.CohereRerankResponse, responses=ERRORS, tags=["search"],
+             dependencies=Guarded)
+def cohere_rerank(body: schemas.CohereRerankRequest, components: ComponentsDep, settings: SettingsDep,
+                  metrics: MetricsDep):
+    """Cohere's v2 rerank shape (works with `cohere.ClientV2(base_url=...)`), same models and limits as /rerank."""
+    check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
+    model = sieve_model(body.model, components.searcher)
+    items = [RerankItem(text=first_words(d, body.max_tokens_per_doc)) for d in body.documents]
+    outcome = components.searcher.rerank(body.query, items, model, body.top_n or len(items),
+                                         settings.default_timeout_ms, settings.rerank_max_tokens)
+    metrics.observe(outcome.state.timings_ms, outcome.state.counts)
+    if outcome.partial:
+        metrics.partial.labels(endpoint="/v2/rerank", skipped=",".join(outcome.state.skipped)).inc()
+    return cohere_rerank_response(outcome, len(items))
+
+
+@router.get("/healthz", response_model=schemas.Health, tags=["health"])
+def healthz():
+    """Alive: the process answers."""
+    return schemas.Health()
+
+
+@router.get("/readyz", response_model=schemas.Ready, tags=["health"])
+def readyz(components: ComponentsDep, settings: SettingsDep):
+    """Ready: models and index are loaded."""
+    index = components.searcher.index
+    return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
+                         models=components.model_names(), device=components.device)
+
+
+@router.get("/metrics", tags=["health"], response_class=Response)
+def metrics_endpoint(metrics: MetricsDep, components: ComponentsDep):
+    """Prometheus exposition format."""
+    metrics.set_index(components.searcher.index)
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,31 @@
+"""Settings -> runtime pieces the components loader and the live-index updater share: the searcher's batching
+and deadline options, and opening the live index version with the same checks at start-up and on reload."""
+from __future__ import annotations
+
+from sieve.index import SearchIndex
+from sieve.pipeline.batching import BatchConfig
+from sieve.pipeline.first_stage import HybridConfig
+from sieve.service.config import Settings
+
+
+def searcher_options(settings: Settings) -> dict:
+    batching = BatchConfig(enabled=settings.batching, max_size=settings.batch_max_size,
+                           max_wait_ms=settings.batch_max_wait_ms, cmc_candidates=settings.cmc_batch_candidates,
+                           ce_tokens=settings.ce_batch_tokens, direct_workers=settings.max_inflight)
+    hybrid = HybridConfig(depth=settings.hybrid_depth, rrf_k=settings.rrf_k, weight_be=settings.hybrid_weight_be,
+                          weight_bm25=settings.hybrid_weight_bm25)
+    return {"query_overflow": settings.query_overflow, "batching": batching,
+            "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
+
+
+def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
+    """The live version of SIEVE_INDEX_DIR, checked against the bi-encoder (and a separate-mode CMC's store)."""
+    index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
+                             dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
+                             nprobe=settings.nprobe, ef_search=settings.ef_search)
+    if cmc is not None and cmc.config.mode == "separate" and not index.has_store("cmc"):
+        index.close()
+        raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "
+                         f"{settings.index_dir} has no 'cmc' embedding store; build it with "
+                         "`sieve index build ... --cmc-checkpoint` or `sieve index add-store`")
+    return index
