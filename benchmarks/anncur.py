@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import anncur_eval  # noqa: E402
 from sieve.index import read_beir_corpus, read_qrels, read_queries  # noqa: E402
-from sieve.index.score_matrix import score_matrix, scorer_identity  # noqa: E402
+from sieve.research.anncur.score_matrix import score_matrix, scorer_identity  # noqa: E402
 
 
 def int_list(text: str) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from sieve.evaluation.metrics import ndcg_at_k
-from sieve.index.cur import approximate_scores, item_embeddings, select_anchor_items
+from sieve.research.anncur.cur import approximate_scores, item_embeddings, select_anchor_items
 
 RECALL_KS = (1, 10, 100)
 RANKS = (1, 2, 4, 8, 16, 32, 64)

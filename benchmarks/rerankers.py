@@ -71,7 +71,7 @@ def run_queries(searcher, pipeline: str, data: EvalData, cfg: EvalConfig, label:
 
 def extra_index_bytes(index, pipeline: str) -> int:
     """Bytes a stage adds beyond the bi-encoder's vectors: the stores it reads."""
-    from sieve.models.mix_runtime import STORE
+    from sieve.research.mix.runtime import STORE
 
     m = index.manifest
     stores = [STORE] if "mix" in pipeline.split("+") else []

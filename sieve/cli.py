@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from sieve.service import anncur_cli
+from sieve.research.anncur import cli as anncur_cli
+from sieve.research.mix import cli as mix_cli
 from sieve.service.config import Settings
 
 DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
@@ -64,7 +65,7 @@ def register_plugins(sub) -> None:
     from sieve.evaluation import cli as eval_cli
     from sieve.training import cli as train_cli
 
-    train_cli.register(sub)
+    mix_cli.register(train_cli.register(sub))
     eval_cli.register(sub)
 
 
@@ -93,7 +94,7 @@ def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Pa
             raise SystemExit(f"{cmc_checkpoint} is a shared-mode CMC: it reuses the bi-encoder vectors, no store needed")
         found["cmc"] = bundle.candidate_tower
     if mix_checkpoint:
-        from sieve.models.mix_runtime import STORE, MixLengths, MixRuntime
+        from sieve.research.mix.runtime import STORE, MixLengths, MixRuntime
 
         found[STORE] = MixRuntime.from_pretrained(mix_checkpoint, device=biencoder.device, batch_size=settings.encode_batch_size,
                                                   lengths=MixLengths(settings.query_max_length, settings.doc_max_length))

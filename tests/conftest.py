@@ -6,8 +6,12 @@ from pathlib import Path
 
 import pytest
 
+import sieve.stages  # noqa: F401 (the core stages register)
+from sieve.pipeline import registry
 from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report,  # noqa: F401
                             pytest_runtest_makereport)
+
+registry.load_plugins()  # the research stages, as an installed server has them
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from sieve.pipeline import registry
 from sieve.pipeline.searcher import SearchParams
 
 
@@ -25,16 +26,15 @@ class InProcessBackend:
 
     @property
     def stages(self) -> set[str]:
-        """Optional stages that are loaded ("cmc", "ce", ...); a searcher without an attribute lacks that stage."""
-        attrs = {"cmc": "cmc", "ce": "cross_encoder", "anncur": "anncur", "mix": "mix", "ce_late": "late_ce"}
-        return {stage for stage, attr in attrs.items() if getattr(self.searcher, attr, None) is not None}
+        """Stages whose models are loaded ("cmc", "ce", ...), by registered name."""
+        return set(getattr(self.searcher, "models", {}))
 
     def search(self, params: SearchParams) -> QueryResult:
         outcome = self.searcher.search(params)
         ids = self.searcher.index.ids(outcome.candidates.rows)
         ce = outcome.candidates.scores.get("ce")
         scored = {} if ce is None else {i: float(s) for i, s in zip(ids, ce) if not math.isnan(s)}
-        pairs = outcome.state.counts.get("ce", 0) + outcome.state.counts.get("ce_late", 0)
+        pairs = sum(outcome.state.counts.get(spec.name, 0) for spec in registry.stages(registry.CROSS_ENCODER))
         return QueryResult(ids, dict(outcome.state.timings_ms), pairs, scored)
 
     def describe(self) -> dict:
@@ -62,10 +62,9 @@ class HttpBackend:
 
     @property
     def stages(self) -> set[str]:
-        models = self.ready["models"]
-        roles = (("cmc", "cmc"), ("ce", "cross_encoder"), ("anncur", "anncur"), ("mix", "mix"),
-                 ("ce_late", "late_cross_encoder"))
-        return {stage for stage, role in roles if models.get(role)}
+        """Stages with a model that the server has loaded (/readyz `stages`, those that need no model left out)."""
+        return {name for names in self.ready["stages"].values() for name in names
+                if registry.get(name) is None or registry.get(name).optional}
 
     def search(self, params: SearchParams) -> QueryResult:
         body = {"query": params.query, "top_k": params.top_k, "retrieve_k": params.retrieve_k,

@@ -8,6 +8,7 @@ from sieve.index import (IndexMismatchError, IndexNotFoundError, SearchIndex, bu
                    read_beir_corpus)
 from sieve.index.corpus import hash_strings
 from sieve.index.lexical import LexicalConfig
+from sieve.pipeline import registry
 from sieve.service.config import Settings
 
 
@@ -40,7 +41,7 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
     """<cache_dir>/eval-indexes/<name>-<model key>: one index per dataset and per set of document encoders."""
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
-    from sieve.service.components import load_biencoder
+    from sieve.service.components import load_biencoder, stage_settings
 
     biencoder = load_biencoder(settings, pick_device(settings.device))
     extra = {}
@@ -48,12 +49,10 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
         tower = load_cmc(cmc_path, biencoder).candidate_tower  # separate mode: its own document vectors
         if tower is not None:
             extra["cmc"] = tower
-    if settings.mix_path:  # the MixEncoder's context embeddings (pipelines be+mix, be+mix+ce)
-        from sieve.models.mix_runtime import STORE, MixLengths, MixRuntime
-
-        extra[STORE] = MixRuntime.from_pretrained(settings.mix_path, device=biencoder.device,
-                                                  batch_size=settings.encode_batch_size,
-                                                  lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
+    registry.load_plugins()
+    for spec in registry.stages():  # stores a stage keeps in the index (the MixEncoder's context embeddings)
+        if (make := spec.extra.get("eval_store")) and (store := make(settings, stage_settings(spec, settings), biencoder)):
+            extra[store[0]] = store[1]
     key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values())])[:12]
     index_dir = Path(settings.cache_dir) / "eval-indexes" / f"{name}-{key}"
     return ensure_index(corpus_path, biencoder, index_dir, settings.cache_dir, extra, settings.lexical_config())

@@ -13,14 +13,8 @@ from tqdm.auto import tqdm
 from sieve.evaluation.backends import QueryResult
 from sieve.evaluation.dataset import EvalData
 from sieve.evaluation.summary import summarize
+from sieve.pipeline import registry
 from sieve.pipeline.searcher import SearchParams
-
-STAGE_HELP = {"cmc": "the CMC stage (SIEVE_CMC_ENABLED=true)",
-              "ce": "a cross-encoder (SIEVE_CROSS_ENCODER_PATH)",
-              "anncur": "an annCUR index (SIEVE_ANNCUR_DIR, built by `sieve index anncur`)",
-              "mix": "a MixEncoder (SIEVE_MIX_PATH, its context store in the index)",
-              "ce_late": "a late-interaction cross-encoder (SIEVE_LATE_CE_PATH)"}
-
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -53,33 +47,45 @@ class Pipeline:
                             retriever=self.retriever, ce_model=self.ce_model)
 
 
-PIPELINES = {
-    "be": Pipeline((), "none", False),
-    "be+cmc": Pipeline(("cmc",), "cmc", False),
-    "be+ce": Pipeline(("ce",), "none", True, "ce_k"),
-    "be+cmc+ce": Pipeline(("cmc", "ce"), "cmc", True, "cmc_k"),
-    # annCUR: k_i anchor pairs + MIPS over the annCUR index; +ce: the anchors and the best ce_k others scored exactly
-    "anncur": Pipeline(("anncur",), "none", False, "ce_k", "anncur"),
-    "anncur+ce": Pipeline(("anncur",), "none", True, "ce_k", "anncur"),
-    # issue 5: the MixEncoder ranks all retrieve_k (as CMC does); ce_late = the cls+late cross-encoder
-    "be+mix": Pipeline(("mix",), "mix", False),
-    "be+mix+ce": Pipeline(("mix", "ce"), "mix", True, "cmc_k"),
-    "be+ce_late": Pipeline(("ce_late",), "none", True, "ce_k", ce_model="ce_late"),
-    "be+cmc+ce_late": Pipeline(("cmc", "ce_late"), "cmc", True, "cmc_k", ce_model="ce_late"),
-    # issue 15: the lexical first stage and its fusion with the bi-encoder (the index's BM25 part)
-    "bm25": Pipeline((), "none", False, retriever="bm25"),
-    "hybrid": Pipeline((), "none", False, retriever="hybrid"),
-    "hybrid+cmc": Pipeline(("cmc",), "cmc", False, retriever="hybrid"),
-    "hybrid+ce": Pipeline(("ce",), "none", True, "ce_k", retriever="hybrid"),
-    "hybrid+cmc+ce": Pipeline(("cmc", "ce"), "cmc", True, "cmc_k", retriever="hybrid"),
-}
+# the pipelines `sieve eval` runs when none are named (each runs only where its stages are loaded); any other
+# `retriever[+reranker][+cross_encoder]` of registered stages can be named
+DEFAULT_PIPELINES = ("be", "be+cmc", "be+ce", "be+cmc+ce", "anncur", "anncur+ce", "be+mix", "be+mix+ce",
+                     "be+ce_late", "be+cmc+ce_late", "bm25", "hybrid", "hybrid+cmc", "hybrid+ce", "hybrid+cmc+ce")
+
+
+def pipeline(name: str) -> Pipeline:
+    """`retriever[+reranker][+cross_encoder]`, each a registered stage (sieve/pipeline/registry.py); the cross-
+    encoder scores cmc_k candidates after a reranker, else ce_k."""
+    first, *rest = name.split("+")
+    spec = registry.get(first)
+    if spec is None or spec.role != registry.RETRIEVER:
+        raise ValueError(f"pipeline {name!r}: {first!r} is not a retriever ({', '.join(registry.names(registry.RETRIEVER))})")
+    rerank, ce = "none", None
+    for part in rest:
+        stage = registry.get(part)
+        if stage is not None and stage.role == registry.RERANKER and rerank == "none" and ce is None:
+            rerank = part
+        elif stage is not None and stage.role == registry.CROSS_ENCODER and ce is None:
+            ce = part
+        else:
+            raise ValueError(f"pipeline {name!r}: {part!r} is not a reranker or cross-encoder in place "
+                             f"(retriever[+reranker][+cross_encoder])")
+    needs = tuple(part for part in name.split("+") if registry.get(part).optional)
+    return Pipeline(needs, rerank, ce is not None, "cmc_k" if rerank != "none" and ce else "ce_k", retriever=first,
+                    ce_model=ce or "ce")
+
+
+def stage_help(name: str) -> str:
+    spec = registry.get(name)
+    return f"{name} ({spec.summary}; {spec.unavailable})" if spec.unavailable else f"{name} ({spec.summary})"
 
 
 def parse_pipelines(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in PIPELINES]
-    if unknown or not names:
-        raise ValueError(f"unknown pipeline(s) {unknown or text!r}; allowed: {', '.join(PIPELINES)}")
+    if not names:
+        raise ValueError(f"no pipeline in {text!r}; e.g. {', '.join(DEFAULT_PIPELINES)}")
+    for name in names:
+        pipeline(name)  # raises with what is wrong
     return list(dict.fromkeys(names))
 
 
@@ -131,13 +137,13 @@ def run_pipelines(backend, data: EvalData, names: list[str], cfg: EvalConfig,
     """Pipelines whose stages the backend lacks are skipped with a message; the others run in order."""
     results = {}
     for name in names:
-        pipeline = PIPELINES[name]
-        missing = [stage for stage in pipeline.needs if stage not in backend.stages]
+        recipe = pipeline(name)
+        missing = [stage for stage in recipe.needs if stage not in backend.stages]
         if missing:
-            log(f"skipping {name}: it needs {' and '.join(STAGE_HELP[s] for s in missing)}, which is not configured")
+            log(f"skipping {name}: it needs {' and '.join(stage_help(s) for s in missing)}, which is not configured")
             continue
         started = time.perf_counter()
-        results[name] = run_pipeline(backend, pipeline, data, cfg, ce_log)
+        results[name] = run_pipeline(backend, recipe, data, cfg, ce_log)
         log(f"{name}: {len(data.queries)} queries in {time.perf_counter() - started:.1f}s, "
             f"nDCG@10 {results[name]['ndcg@10']:.4f}")
     return results

@@ -13,7 +13,7 @@ from contextlib import ExitStack, closing
 from dataclasses import asdict
 from pathlib import Path
 
-from sieve.evaluation.runner import PIPELINES, EvalConfig, parse_pipelines
+from sieve.evaluation.runner import DEFAULT_PIPELINES, EvalConfig, parse_pipelines
 
 FLAGS = ("data", "split", "pipelines", "server", "index", "retrieve_k", "cmc_k", "ce_k", "max_queries", "seed",
          "out_dir", "name", "table2", "transfer", "tag", "merge")
@@ -32,8 +32,8 @@ def register(sub) -> None:
                        description=__doc__)
     p.add_argument("--data", required=True, type=Path, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
     p.add_argument("--split", default="test", help="qrels file to score against (default: test)")
-    p.add_argument("--pipelines", type=pipelines_arg, default=list(PIPELINES),
-                   help=f"comma-separated, from {','.join(PIPELINES)} (default: all)")
+    p.add_argument("--pipelines", type=pipelines_arg, default=list(DEFAULT_PIPELINES),
+                   help=f"comma-separated, from {','.join(DEFAULT_PIPELINES)} (default: all)")
     p.add_argument("--server", help="base URL of a running server; default: run in this process")
     p.add_argument("--index", type=Path,
                    help="in-process index directory; default: build or reuse <cache_dir>/eval-indexes/<name>-*")
@@ -97,7 +97,7 @@ def cmd_transfer(args: argparse.Namespace, settings, cfg: EvalConfig) -> None:
 
     if args.server:
         raise ValueError("--transfer runs in-process (one index per dataset); drop --server")
-    pipelines = args.pipelines if args.pipelines != list(PIPELINES) else parse_pipelines(TRANSFER_PIPELINES)
+    pipelines = args.pipelines if args.pipelines != list(DEFAULT_PIPELINES) else parse_pipelines(TRANSFER_PIPELINES)
     with ExitStack() as stack:
         def backend(data):
             components = stack.enter_context(closing(load_local(settings, data.name, data.corpus_path)))

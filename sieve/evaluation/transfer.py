@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from sieve.evaluation.dataset import EvalData, load_split
-from sieve.evaluation.runner import PIPELINES, EvalConfig, Run, collect
+from sieve.evaluation.runner import EvalConfig, Run, collect, pipeline
 
 DATASETS = ("scifact", "nfcorpus", "arguana")
 TRAIN_SPLITS = {"scifact": ("train",), "nfcorpus": ("train", "dev"), "arguana": ()}
@@ -98,14 +98,14 @@ def transfer_report(load_backend: Callable[[EvalData], object], data_root: Path,
     for name in DATASETS:
         data = load_split(data_root / name, "test", max_queries=max_queries, seed=seed)
         backend = load_backend(data)
-        available = [p for p in pipelines if all(stage in backend.stages for stage in PIPELINES[p].needs)]
+        available = [p for p in pipelines if all(stage in backend.stages for stage in pipeline(p).needs)]
         skipped = sorted(set(pipelines) - set(available))
         if skipped:
             log(f"{name}: skipping {', '.join(skipped)} (a stage they need is not configured)")
         runs = {}
-        for pipeline in available:
-            runs[pipeline] = collect(backend, PIPELINES[pipeline], data, cfg)
-            log(f"{name} {pipeline}: nDCG@10 {runs[pipeline].summary(data.qrels)['ndcg@10']:.4f}")
+        for recipe in available:
+            runs[recipe] = collect(backend, pipeline(recipe), data, cfg)
+            log(f"{name} {recipe}: nDCG@10 {runs[recipe].summary(data.qrels)['ndcg@10']:.4f}")
         subsets = seen_subsets(data, TRAIN_SPLITS[name]) if name == "scifact" else {}
         rows += rows_of(data, runs, subsets)
     rows += macro_rows(rows)

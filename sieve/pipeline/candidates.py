@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-STAGES = ("retrieve", "be", "bm25", "cmc", "mix", "ce", "ce_late")  # "be", "bm25": each first-stage score of a hybrid list
+from sieve.pipeline import registry
+
 
 
 @dataclass
@@ -38,8 +39,9 @@ class Candidates:
         """Checked at every stage boundary: every column has one entry per candidate."""
         n = len(self.rows)
         assert self.rows.ndim == 1, f"rows must be 1-D, got {self.rows.shape}"
+        known = registry.score_keys()
         for stage, values in self.scores.items():
-            assert stage in STAGES, f"unknown stage {stage!r}"
+            assert stage in known, f"score column {stage!r} is no registered stage's"
             assert values.shape == (n,), f"{stage} scores {values.shape} != ({n},)"
         assert self.vectors is None or self.vectors.shape[0] == n, "one vector per candidate"
         assert self.texts is None or len(self.texts) == n, "one text per candidate"

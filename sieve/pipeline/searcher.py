@@ -10,32 +10,27 @@ from __future__ import annotations
 import time
 import unicodedata
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.models.mix_runtime import MixRuntime
 from sieve.models.text_encoder import TextEncoder
-from sieve.pipeline.anncur_stage import AnnCUR, anncur_stages
+from sieve.pipeline import registry
 from sieve.pipeline.batching import BatchConfig, Runners
 from sieve.pipeline.candidates import Candidates
-from sieve.pipeline.first_stage import HybridConfig, HybridRetrieve, LexicalRetrieve
 from sieve.pipeline.errors import QueryTooLong, RequestError, StageUnavailable
-from sieve.pipeline.rerank_inputs import RerankItem, check_work, indexed_rows, rerank_candidates, resolve_texts
-from sieve.pipeline.rerankers import LateCrossEncoderRerank, MixRerank, locked_copy
+from sieve.pipeline.first_stage import HybridConfig
+from sieve.pipeline.registry import CROSS_ENCODER, RERANKER, RETRIEVER, BuildContext, RerankContext, StageSpec
+from sieve.pipeline.rerank_inputs import RerankItem, resolve_texts
 from sieve.pipeline.runner import run_stage
-from sieve.pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
+from sieve.pipeline.stages import Stage
 from sieve.pipeline.state import QueryState
-from sieve.pipeline.threadsafe import with_locked_tokenizers
+from sieve.pipeline.threadsafe import TokenizerLocks
 
-RERANKERS = ("cmc", "mix", "none")
-CE_MODELS = ("ce", "ce_late")  # the cross-encoder that scores the head: the plain one or the late-interaction one
-RETRIEVERS = ("be", "bm25", "hybrid", "anncur")
-NEEDS_QUERY_VECTOR = ("be", "hybrid")  # first stages that search with the bi-encoder's query vector
-__all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "normalise_query"]
+__all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "SearchOptions", "normalise_query"]
 
 
 @dataclass(frozen=True)
@@ -78,32 +73,47 @@ def normalise_query(query: str) -> str:
     return " ".join(unicodedata.normalize("NFC", query).split())
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """What every stage's build reads besides its model: batch sizes and the hybrid fusion."""
+
+    batching: BatchConfig = BatchConfig()
+    hybrid: HybridConfig = HybridConfig()
+
+
 class Searcher:
+    """`models`: the loaded model of each optional stage, by stage name (sieve/pipeline/registry.py); `cmc` and
+    `cross_encoder` are shorthands for models["cmc"] and models["ce"]. Stages are planned from the registry."""
+
     def __init__(self, biencoder: TextEncoder, index, cmc: CMCBundle | None = None,
-                 cross_encoder: CrossEncoder | None = None, *, query_overflow: str = "truncate",
-                 batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
-                 embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None,
-                 mix: MixRuntime | None = None, late_ce: CrossEncoder | None = None,
+                 cross_encoder: CrossEncoder | None = None, *, models: dict[str, Any] | None = None,
+                 query_overflow: str = "truncate", batching: BatchConfig = BatchConfig(),
+                 stage_budgets_ms: dict[str, float] | None = None, embedding_cache: EmbeddingCache | None = None,
                  hybrid: HybridConfig = HybridConfig()):
+        models = dict(models or {})
+        models.update({name: model for name, model in (("cmc", cmc), ("ce", cross_encoder)) if model is not None})
         # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
-        self.biencoder, self.cmc, self.cross_encoder = with_locked_tokenizers(biencoder, cmc, cross_encoder)
+        locks = TokenizerLocks()
+        self.biencoder = locks.locked(biencoder)
+        self.models = {name: locks.locked(model) for name, model in models.items() if model is not None}
         self.index = index
         self.query_overflow = query_overflow
-        self.batching = batching
+        self.options = SearchOptions(batching, hybrid)
         self.stage_budgets_ms = dict(stage_budgets_ms or {})
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
-        self.anncur = self.locked_anncur(anncur, cross_encoder)
-        self.mix, self.late_ce = locked_copy(mix), locked_copy(late_ce)
-        self.hybrid = hybrid
 
-    def locked_anncur(self, anncur: AnnCUR | None, cross_encoder) -> AnnCUR | None:
-        """annCUR's cross-encoder with a locked tokenizer: the CE stage's own copy when it is the same model."""
-        if anncur is None:
-            return None
-        ce = self.cross_encoder if anncur.cross_encoder is cross_encoder else \
-            with_locked_tokenizers(None, None, anncur.cross_encoder)[2]
-        return AnnCUR(anncur.index, ce)
+    @property
+    def batching(self) -> BatchConfig:
+        return self.options.batching
+
+    @property
+    def cmc(self) -> CMCBundle | None:
+        return self.models.get("cmc")
+
+    @property
+    def cross_encoder(self) -> CrossEncoder | None:
+        return self.models.get("ce")
 
     def close(self) -> None:
         self.runners.close()
@@ -172,175 +182,126 @@ class Searcher:
             return params
         return replace(params, retriever=self.default_retriever(index if index is not None else self.index))
 
+    # -- the registry -----------------------------------------------------------------------------------------
+    def spec(self, name: str, role: str, field: str, extra: tuple[str, ...] = ()) -> StageSpec:
+        spec = registry.get(name)
+        if spec is None or spec.role != role:
+            allowed = " | ".join([*registry.names(role), *extra])
+            raise RequestError(f"{field} {name!r} is not supported", field=field, allowed=allowed)
+        return spec
+
+    def model(self, spec: StageSpec, field: str):
+        """The stage's loaded model (None for a stage that needs none); 4xx when the operator has not loaded it."""
+        model = self.models.get(spec.name)
+        if spec.optional and model is None:
+            raise StageUnavailable(f"{spec.name} is not configured on this server", field=field,
+                                   allowed=spec.unavailable or "another value")
+        return model
+
+    def serves_cross_encoder(self, retriever: str | None, ce_model: str) -> bool:
+        """Whether a /search that leaves cross_encoder unset gets it: the retriever leaves the head to the
+        cross-encoder stage and the chosen cross-encoder is loaded."""
+        first = registry.get(retriever or "")
+        return not (first and first.extra.get("owns_cross_encoder")) and self.models.get(ce_model) is not None
+
+    def default_rerank(self, retriever: str | None, configured: str) -> str:
+        """/search `rerank` when unset: the retriever's own default (annCUR: none), else the configured one."""
+        first = registry.get(retriever or "")
+        return first.extra.get("default_rerank", configured) if first else configured
+
     # -- /search ----------------------------------------------------------------------------------------------
-    def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
+    def selected(self, params: SearchParams) -> list[tuple[StageSpec, str]]:
+        """The specs a request names, each with the request field that named it, in plan order."""
+        chosen = [(self.spec(params.retriever, RETRIEVER, "retriever"), "retriever")]
+        if params.rerank != "none":
+            chosen.append((self.spec(params.rerank, RERANKER, "rerank", ("none",)), "rerank"))
+        if params.cross_encoder or params.ce_model != "ce":
+            field = "ce_model" if params.ce_model != "ce" else "cross_encoder"
+            chosen.append((self.spec(params.ce_model, CROSS_ENCODER, "ce_model"), field))
+        return chosen
+
+    def check_params(self, params: SearchParams, index=None) -> list[tuple[StageSpec, Any]]:
         index = index if index is not None else self.index
-        if params.retriever == "anncur":
-            rerank_k = params.cmc_k if params.cross_encoder else 0
-            return anncur_stages(self.require_anncur(index), retrieve_k, rerank_k, index, self.batching.ce_tokens)
-        stages: list[Stage] = [self.first_stage(params.retriever, index, retrieve_k)]
-        if params.rerank == "cmc":
-            # CMC ranks all retrieve_k; the CE then scores its top cmc_k (K') and the rest keep CMC's order below
-            stages.append(CMCRerank(self.require_cmc(), index, self.batching.cmc_candidates))
-        elif params.rerank == "mix":
-            stages.append(MixRerank(self.require_mix(), index))  # like CMC: ranks all retrieve_k
-        if params.cross_encoder:
-            stages.append(self.ce_stage(params.ce_model, index, params.cmc_k))
-        return stages
-
-    def first_stage(self, retriever: str, index, k: int) -> Stage:
-        if retriever == "bm25":
-            return LexicalRetrieve(self.require_lexical(index), k)
-        if retriever == "hybrid":
-            return HybridRetrieve(self.require_lexical(index), k, self.hybrid)
-        return Retrieve(index, k)
-
-    def require_lexical(self, index):
-        if not getattr(index, "has_lexical", False):
-            raise StageUnavailable("this index has no lexical (BM25) part", field="retriever",
-                                   allowed="be (the operator rebuilds the index with `sieve index build`, which "
-                                           "adds BM25 unless --no-lexical)")
-        return index
-
-    def ce_stage(self, model: str, index, k: int) -> Stage:
-        if model == "ce_late":
-            return LateCrossEncoderRerank(self.require_late_ce(), index, k, self.batching.ce_tokens)
-        return CrossEncoderRerank(self.require_cross_encoder(), index, k, self.batching.ce_tokens)
-
-    def search(self, params: SearchParams) -> Outcome:
-        started = time.perf_counter()
-        state = self.new_state(params.query, params.timeout_ms)
-        index = state.index
-        params = self.resolve(params, index)
-        self.check_params(params)
-        state.use_cache = params.use_cache
-        retrieve_k = params.retrieve_k
-        if retrieve_k > index.size:
-            state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
-            retrieve_k = index.size
-        stages = self.plan(params, retrieve_k, index)
-        towers = {"be": self.biencoder} if params.retriever in NEEDS_QUERY_VECTOR else {}  # BM25, annCUR: none
-        if params.rerank == "cmc":
-            towers["cmc"] = self.cmc.query_tower
-        self.encode_query(state, towers)
-        state = self.run(stages, state)
-        state.timings_ms["total"] = (time.perf_counter() - started) * 1000
-        top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))
-        return Outcome(top, state.ran[-1], state, index.version, index=index)
-
-    def check_params(self, params: SearchParams) -> None:
-        if params.rerank not in RERANKERS:
-            raise RequestError(f"rerank {params.rerank!r} is not supported", field="rerank", allowed=" | ".join(RERANKERS))
-        if params.retriever not in RETRIEVERS:
-            raise RequestError(f"retriever {params.retriever!r} is not supported", field="retriever",
-                               allowed=" | ".join(RETRIEVERS))
-        if params.retriever == "anncur":
-            self.check_anncur(params)
-        if params.retriever in ("bm25", "hybrid"):
-            self.require_lexical(self.index)
         if params.top_k > params.retrieve_k:
             raise RequestError(f"top_k {params.top_k} is larger than retrieve_k {params.retrieve_k}",
                                field="top_k", allowed=f"1 <= top_k <= retrieve_k ({params.retrieve_k})")
         if params.cmc_k > params.retrieve_k:
             raise RequestError(f"cmc_k {params.cmc_k} is larger than retrieve_k {params.retrieve_k}",
                                field="cmc_k", allowed=f"1 <= cmc_k <= retrieve_k ({params.retrieve_k})")
-        if params.ce_model not in CE_MODELS:
-            raise RequestError(f"ce_model {params.ce_model!r} is not supported", field="ce_model",
-                               allowed=" | ".join(CE_MODELS))
-        if params.rerank == "cmc":
-            self.require_cmc()
-        if params.rerank == "mix":
-            self.require_mix()
-        if params.cross_encoder and params.retriever != "anncur":
-            self.require_late_ce() if params.ce_model == "ce_late" else self.require_cross_encoder()
+        chosen = self.selected(params)
+        first = chosen[0][0]
+        if check := first.extra.get("check"):
+            check(params, self.models, index)  # a retriever's own rules (annCUR: no rerank, its own CE)
+        plan = []
+        for spec, field in chosen:
+            if spec.role == CROSS_ENCODER and (not params.cross_encoder or first.extra.get("owns_cross_encoder")):
+                continue
+            if "lexical" in spec.needs and not getattr(index, "has_lexical", False):
+                require_lexical_part(field)
+            plan.append((spec, self.model(spec, field)))
+        return plan
 
-    def check_anncur(self, params: SearchParams) -> None:
-        if params.rerank != "none":
-            raise RequestError(f"rerank {params.rerank!r} reorders bi-encoder candidates by their stored vectors; "
-                               "annCUR's come from the cross-encoder itself", field="rerank",
-                               allowed="none with retriever anncur (cross_encoder: true reranks exactly)")
-        if params.ce_model != "ce":
-            raise RequestError("annCUR reranks with the cross-encoder that built its index", field="ce_model",
-                               allowed="ce with retriever anncur")
-        self.require_anncur(self.index)
+    def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
+        index = index if index is not None else self.index
+        stages: list[Stage] = []
+        for spec, model in self.check_params(params, index):
+            k = params.cmc_k if spec.role == CROSS_ENCODER else retrieve_k
+            stages += spec.build(BuildContext(model, index, k, params, self.options, self.models))
+        return stages
 
-    def require_anncur(self, index) -> AnnCUR:
-        if self.anncur is None:
-            raise StageUnavailable("no annCUR index is configured on this server", field="retriever",
-                                   allowed="be (the server operator sets SIEVE_ANNCUR_DIR to an index built by "
-                                           "`sieve index anncur`)")
-        if self.anncur.index.corpus_hash != index.manifest.corpus_hash:
-            raise StageUnavailable("the annCUR index was built from other documents than the live index holds "
-                                   "(the index changed since)", field="retriever",
-                                   allowed="be, until the operator rebuilds it with `sieve index anncur`")
-        return self.anncur
+    def towers(self, params: SearchParams) -> dict[str, TextEncoder]:
+        towers: dict[str, TextEncoder] = {}
+        for spec, model in self.check_params(params):
+            if spec.query_towers:
+                towers.update(spec.query_towers(model, self.biencoder))
+        return towers
 
-    def require_cmc(self) -> CMCBundle:
-        if self.cmc is None:
-            raise StageUnavailable("CMC is disabled on this server", field="rerank", allowed="none (or enable SIEVE_CMC_ENABLED)")
-        return self.cmc
-
-    def serves_cross_encoder(self, retriever: str | None, ce_model: str) -> bool:
-        """Whether a /search that leaves cross_encoder unset gets it: a first stage other than annCUR retrieves
-        and the chosen cross-encoder is loaded."""
-        return retriever != "anncur" and (self.late_ce if ce_model == "ce_late" else self.cross_encoder) is not None
-
-    def require_cross_encoder(self) -> CrossEncoder:
-        if self.cross_encoder is None:
-            raise StageUnavailable(
-                "no cross-encoder is configured on this server", field="cross_encoder",
-                allowed="false (the server operator sets SIEVE_CROSS_ENCODER_PATH to a local checkpoint directory)")
-        return self.cross_encoder
-
-    def require_mix(self) -> MixRuntime:
-        if self.mix is None:
-            raise StageUnavailable("no MixEncoder is configured on this server", field="rerank",
-                                   allowed="cmc | none (the server operator sets SIEVE_MIX_PATH)")
-        return self.mix
-
-    def require_late_ce(self) -> CrossEncoder:
-        if self.late_ce is None:
-            raise StageUnavailable("no late-interaction cross-encoder is configured on this server", field="ce_model",
-                                   allowed="ce (the server operator sets SIEVE_LATE_CE_PATH to a late-interaction checkpoint)")
-        return self.late_ce
+    def search(self, params: SearchParams) -> Outcome:
+        started = time.perf_counter()
+        state = self.new_state(params.query, params.timeout_ms)
+        index = state.index
+        params = self.resolve(params, index)
+        self.check_params(params, index)
+        state.use_cache = params.use_cache
+        retrieve_k = params.retrieve_k
+        if retrieve_k > index.size:
+            state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
+            retrieve_k = index.size
+        stages = self.plan(params, retrieve_k, index)
+        self.encode_query(state, self.towers(params))
+        state = self.run(stages, state)
+        state.timings_ms["total"] = (time.perf_counter() - started) * 1000
+        top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))
+        return Outcome(top, state.ran[-1], state, index.version, index=index)
 
     # -- /rerank ----------------------------------------------------------------------------------------------
     def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int,
                timeout_ms: int | None = None, max_tokens: int | None = None) -> Outcome:
-        """CMC falls back to <query, candidate> order, the cross-encoder to the caller's order, when out of time;
-        when time runs out while new texts are still being encoded for CMC, to the caller's order too.
-        `max_tokens`: the most the models may read for this request (413 past it)."""
+        """Any stage whose spec can rank the caller's texts (`rerank`). Out of time, CMC falls back to <query,
+        candidate> order and the cross-encoder to the caller's order; when time runs out while texts are still
+        being encoded, to the caller's order too. `max_tokens`: the most the models may read (413 past it)."""
         started = time.perf_counter()
+        spec = registry.get(model)
+        if spec is None or spec.rerank is None:
+            allowed = " | ".join(s.name for s in registry.stages() if s.rerank is not None)
+            raise RequestError(f"model {model!r} is not supported", field="model", allowed=allowed)
+        loaded = self.model(spec, "model")
         state = self.new_state(query, timeout_ms)
         index = state.index
         texts = resolve_texts(index, items)
-        stages: list[Stage] = []
-        if model == "cmc":
-            bundle = self.require_cmc()
-            tower = bundle.candidate_tower or self.biencoder
-            rows = indexed_rows(index, items, texts)
-            check_work([t for t, row in zip(texts, rows) if row < 0], tower.lengths.doc_max_length, max_tokens)
-            self.encode_query(state, {"cmc": bundle.query_tower})
-            state.candidates = rerank_candidates(index, items, texts, bundle, self.biencoder, state)
-            if state.candidates is None:  # out of time while encoding: nothing scored them all
-                state.candidates = Candidates(rows=np.asarray(rows), texts=texts)
-                state.skipped.append("cmc")
-            else:
-                state.ran.append("retrieve")
-                stages.append(CMCRerank(bundle, index, self.batching.cmc_candidates))
-        elif model in CE_MODELS:
-            stage = self.ce_stage(model, index, len(items))
-            check_work(texts, stage.cross_encoder.lengths.max_length, max_tokens)
-            state.candidates = Candidates(rows=np.full(len(items), -1), texts=texts)
-            stages.append(stage)
-        elif model == "mix":  # indexed documents reuse their stored context embeddings
-            mix, rows = self.require_mix(), indexed_rows(index, items, texts)
-            check_work([t for t, row in zip(texts, rows) if row < 0], mix.lengths.doc_max_length, max_tokens)
-            state.candidates = Candidates(rows=np.asarray(rows), texts=texts)
-            stages.append(MixRerank(mix, index))
-        else:
-            raise RequestError(f"model {model!r} is not supported", field="model", allowed="cmc | ce | ce_late | mix")
+        ctx = RerankContext(state, items, texts, index, loaded, self.biencoder, self.options, max_tokens,
+                            lambda towers: self.encode_query(state, towers))
+        stages = spec.rerank(ctx)
+        if stages is None:
+            state.skipped.append(spec.name)
+            stages = []
         state = self.run(stages, state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(top_n, len(state.candidates))))
         return Outcome(top, state.ran[-1] if state.ran else "input", state, index.version, index=index)
+
+
+def require_lexical_part(field: str) -> None:
+    raise StageUnavailable("this index has no lexical (BM25) part", field=field,
+                           allowed="be (the operator rebuilds the index with `sieve index build`, which "
+                                   "adds BM25 unless --no-lexical)")

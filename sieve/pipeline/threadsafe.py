@@ -34,26 +34,39 @@ class LockedTokenizer:
         setattr(self._inner, name, value)
 
 
-def with_locked_tokenizers(biencoder, cmc, cross_encoder):
-    """Shallow copies of the models (same weights) whose tokenizers are locked; the caller's objects are left as
-    they are. Models that share a tokenizer share its lock, and a tower used twice (a CMC query tower that is the
-    bi-encoder) stays one object."""
-    proxies: dict[int, LockedTokenizer] = {}
-    copies: dict[int, object] = {}
+class TokenizerLocks:
+    """Shallow copies of models (same weights) whose tokenizers are locked; the caller's objects are left as they
+    are. Models that share a tokenizer share its lock, and a model used twice (a CMC query tower that is the
+    bi-encoder, annCUR's cross-encoder that is the CE stage's) stays one object. A model is anything with a
+    `tokenizer`, or a dataclass holding such models (a CMC bundle, annCUR); anything else is returned as it is."""
 
-    def locked(model):
+    def __init__(self):
+        self.proxies: dict[int, LockedTokenizer] = {}
+        self.copies: dict[int, object] = {}
+
+    def locked(self, model):
         if model is None:
             return None
-        if id(model) not in copies:
+        if id(model) in self.copies:
+            return self.copies[id(model)]
+        if hasattr(model, "tokenizer"):
             tokenizer = model.tokenizer
             if not isinstance(tokenizer, LockedTokenizer):
-                tokenizer = proxies.setdefault(id(tokenizer), LockedTokenizer(tokenizer))
+                tokenizer = self.proxies.setdefault(id(tokenizer), LockedTokenizer(tokenizer))
             clone = copy.copy(model)
             clone.tokenizer = tokenizer
-            copies[id(model)] = clone
-        return copies[id(model)]
+        elif dataclasses.is_dataclass(model) and not isinstance(model, type):
+            parts = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+            changed = {name: self.locked(value) for name, value in parts.items() if self.is_model(value)}
+            clone = dataclasses.replace(model, **changed) if changed else model
+        else:
+            clone = model
+        self.copies[id(model)] = clone
+        return clone
 
-    biencoder = locked(biencoder)
-    if cmc is not None:
-        cmc = dataclasses.replace(cmc, query_tower=locked(cmc.query_tower), candidate_tower=locked(cmc.candidate_tower))
-    return biencoder, cmc, locked(cross_encoder)
+    @staticmethod
+    def is_model(value) -> bool:
+        return hasattr(value, "tokenizer") or (dataclasses.is_dataclass(value) and not isinstance(value, type)
+                                               and any(hasattr(getattr(value, f.name), "tokenizer")
+                                                       for f in dataclasses.fields(value)))
+

@@ -11,6 +11,7 @@ import anyio
 import torch
 from fastapi import FastAPI, Request
 
+from sieve.pipeline import registry
 from sieve.service import routes_documents
 from sieve.service.cache import Caches, digest
 from sieve.service.components import Components, load_components
@@ -21,6 +22,7 @@ from sieve.service.protection import Authenticator, BodyLimit, InflightLimit, Ra
 from sieve.service.routes import router
 from sieve.service.runtime import load_index
 from sieve.service.updates import IndexUpdater
+from sieve.stages.common import model_identity
 
 DESCRIPTION = """Sieve: bi-encoder retrieval over FAISS, CMC reranking of the candidates in context of each other,
 and an optional cross-encoder. `POST /search` for applications, `POST /rerank` for candidate lists from elsewhere,
@@ -46,28 +48,16 @@ def count_requests(app: FastAPI) -> None:
             app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
 
-def model_identity(model) -> list | None:
-    """Name, weights and token lengths of a model that can answer a request; None where it is not loaded."""
-    if model is None:
-        return None
-    lengths = getattr(model, "lengths", None)
-    return [getattr(model, "name", None), getattr(model, "weights_hash", None), repr(lengths) if lengths else None]
-
-
 def fingerprint(components: Components, settings: Settings) -> str:
     """What the answers depend on beyond the request and the index: cached results are only shared between servers
-    with the same models, every model a request can pick included (CMC, both cross-encoders, the MixEncoder, annCUR
-    and the annCUR index it searches)."""
+    with the same models, every model a request can pick included (each registered stage's identity)."""
     s = components.searcher
-    cmc = [model_identity(s.cmc.query_tower), s.cmc.name, s.cmc.base_model_hash] if s.cmc else None
-    anncur = None
-    if s.anncur:
-        built = s.anncur.index
-        anncur = [model_identity(s.anncur.cross_encoder), built.index.version, built.corpus_hash,
-                  digest(json.dumps(built.record, sort_keys=True, default=str))]
-    return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
-                              model_identity(s.late_ce), model_identity(s.mix), anncur,
-                              settings.query_max_length, settings.query_overflow]))
+    stages = {}
+    for spec in registry.stages():
+        model = s.models.get(spec.name)
+        stages[spec.name] = None if model is None else (spec.identity or model_identity)(model)
+    return digest(json.dumps([model_identity(s.biencoder), stages, settings.query_max_length,
+                              settings.query_overflow], sort_keys=True, default=str))
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:
@@ -80,10 +70,10 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
     encoders = {"primary": searcher.biencoder}
-    if searcher.index.has_store("cmc") and searcher.cmc and searcher.cmc.candidate_tower:
-        encoders["cmc"] = searcher.cmc.candidate_tower
-    if searcher.index.has_store("mix") and searcher.mix:  # new documents get their MixEncoder context embeddings
-        encoders["mix"] = searcher.mix
+    for name, model in searcher.models.items():  # stores a stage keeps in the index get their vectors for new documents
+        store = (registry.get(name).extra.get("index_store") or (lambda _: None))(model)
+        if store is not None and searcher.index.has_store(store[0]):
+            encoders[store[0]] = store[1]
 
     def on_swap(index, commit_s):
         metrics.set_index(index)

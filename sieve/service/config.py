@@ -14,7 +14,7 @@ SHIPPED = "shipped:"  # SIEVE_*_PATH prefix: a checkpoint shipped in the package
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIEVE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SIEVE_", extra="allow")  # allow: a stage's own settings (Settings(mix_path=...))
 
     # where things are
     index_dir: Path = Field(Path("demo-index"), description="Index directory built by `sieve index build`.")
@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     hybrid_weight_be: float = Field(1.0, ge=0, description="Weight of the bi-encoder list in the fusion.")
     hybrid_weight_bm25: float = Field(1.0, ge=0, description="Weight of the BM25 list in the fusion.")
     # the pipeline a /search gets for the fields it leaves unset (chosen on the transfer report, RESULTS.md)
-    default_rerank: Literal["cmc", "mix", "none"] = Field("cmc", description="/search `rerank` when unset.")
+    default_rerank: str = Field("cmc", description="/search `rerank` when unset: cmc, none or another registered reranker (checked at start-up).")
     default_cross_encoder: bool = Field(False, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
@@ -45,12 +45,8 @@ class Settings(BaseSettings):
     ce_query_max_length: int | None = Field(None, ge=8, le=512, description="Query tokens of a pair; unset = what the checkpoint was trained with (its sieve_head.json), else 64.")
     ce_max_length: int | None = Field(None, ge=16, le=4096, description="Pair tokens; unset = what the checkpoint was trained with (its sieve_head.json), else 512.")
     ce_batch_size: int = Field(16, ge=1, le=1024)
-    # more rerankers: a second, late-interaction cross-encoder and the MixEncoder
-    late_ce_path: Path | None = Field(None, description="A second cross-encoder (`sieve train ce --head cls+late`), picked by ce_model=ce_late; unset = off.")
-    mix_path: Path | None = Field(None, description="MixEncoder checkpoint (`sieve train mix`); the index must hold its 'mix' store; unset = off.")
-    # annCUR: retrieval with the cross-encoder itself (`retriever: "anncur"`)
-    anncur_dir: Path | None = Field(None, description="annCUR index built by `sieve index anncur` over SIEVE_INDEX_DIR; unset = annCUR off.")
-    anncur_cross_encoder_path: Path | None = Field(None, description="The cross-encoder that built the annCUR index; unset = SIEVE_CROSS_ENCODER_PATH.")
+    # the research stages (annCUR, MixEncoder, late-interaction cross-encoder) have their own settings classes in
+    # sieve/research/settings.py; every stage's settings are listed in docs/configuration.md
     # request limits
     max_top_k: int = Field(1000, ge=1)
     max_retrieve_k: int = Field(16384, ge=1)
@@ -98,13 +94,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: str = "info"
 
-    @field_validator("model_path", "cmc_path", "cross_encoder_path", "late_ce_path", "mix_path", "ce_query_max_length", "ce_max_length", "anncur_dir", "anncur_cross_encoder_path",
+    @field_validator("model_path", "cmc_path", "cross_encoder_path", "ce_query_max_length", "ce_max_length",
                      "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
         return None if value == "" else value
 
-    @field_validator("cmc_path", "cross_encoder_path", "late_ce_path", "mix_path", "anncur_cross_encoder_path", mode="after")
+    @field_validator("cmc_path", "cross_encoder_path", mode="after")
     @classmethod
     def shipped_name(cls, value):
         """`shipped:NAME` = the checkpoint NAME shipped inside the installed package (sieve/checkpoints/NAME)."""

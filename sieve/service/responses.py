@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import uuid
 
+from sieve.pipeline import registry
+from sieve.pipeline.registry import FIRST_STAGE_SCORE
 from sieve.pipeline.searcher import Outcome
 from sieve.service import schemas
 
@@ -13,10 +15,12 @@ def score_or_none(value: float) -> float | None:
 
 
 def final_score(scores: dict, rank: int) -> float:
-    """The score of the last stage that scored this candidate (the CE scores only the head of the list)."""
-    for stage in ("ce", "ce_late", "mix", "cmc", "retrieve"):
-        if stage in scores and not math.isnan(scores[stage][rank]):
-            return float(scores[stage][rank])
+    """The score of the last stage that scored this candidate (the CE scores only the head of the list): columns
+    are in the order the stages added them, and each stage ranks by the first column it declares."""
+    ranking = {FIRST_STAGE_SCORE} | {spec.scores[0] for spec in registry.stages()}
+    for column in reversed([c for c in scores if c in ranking]):
+        if not math.isnan(scores[column][rank]):
+            return float(scores[column][rank])
     raise AssertionError("every candidate has a retrieve score")
 
 
@@ -33,11 +37,11 @@ def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchR
     hits = [
         schemas.SearchHit(
             id=doc_id, rank=rank + 1, score=final_score(cands.scores, rank),
-            scores=schemas.StageScores(**{k: score_or_none(v[rank]) for k, v in cands.scores.items()}),
+            scores={k: score_or_none(v[rank]) for k, v in cands.scores.items()},
             document=docs[rank])
         for rank, doc_id in enumerate(outcome.index.ids(cands.rows))
     ]
-    return schemas.SearchResponse(results=hits, timings_ms=schemas.SearchTimings(**state.timings_ms),
+    return schemas.SearchResponse(results=hits, timings_ms=dict(state.timings_ms),
                                   index_version=outcome.index_version, stages=list(state.ran),
                                   warnings=state.warnings, partial=state.partial, skipped=list(state.skipped))
 

@@ -19,6 +19,7 @@ from sieve.service.components import Components
 from sieve.service.config import Settings
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
+from sieve.pipeline import registry
 from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
 
 router = APIRouter()
@@ -94,7 +95,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     searcher = components.searcher
     fresh = "no-cache" in request.headers.get("cache-control", "").lower()
     retriever = body.retriever or searcher.default_retriever(searcher.index)
-    rerank = body.rerank or ("none" if retriever == "anncur" else settings.default_rerank)
+    rerank = body.rerank or searcher.default_rerank(retriever, settings.default_rerank)
     use_ce = body.cross_encoder if body.cross_encoder is not None else \
         settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
     params = SearchParams(body.query, body.top_k, body.retrieve_k, rerank, body.cmc_k, use_ce,
@@ -108,7 +109,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     if caches.results and not fresh:
         hit = caches.results.get(caches.results.key(key_params, searcher.index))
     if hit:
-        timings = schemas.SearchTimings(total=(time.perf_counter() - started) * 1000)
+        timings = {"total": (time.perf_counter() - started) * 1000}
         return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
@@ -138,13 +139,14 @@ def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: Set
     return rerank_response(outcome, items, body.model, body.return_documents)
 
 
-COHERE_MODELS = ("ce", "cmc")
 WORD = re.compile(r"\S+")
 
 
 def sieve_model(name: str, searcher) -> str:
-    """`ce` / `cmc` as named; a Cohere model name (`rerank-v3.5`, ...) = the default reranker of this server."""
-    if name in COHERE_MODELS:
+    """A stage that ranks texts (ce, cmc, ...) as named; a Cohere model name (`rerank-v3.5`, ...) = the default
+    reranker of this server."""
+    spec = registry.get(name)
+    if spec is not None and spec.rerank is not None:
         return name
     if name.startswith("rerank-"):
         return "ce" if searcher.cross_encoder is not None else "cmc"
@@ -187,7 +189,7 @@ def readyz(components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded."""
     index = components.searcher.index
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
-                         models=components.model_names(), device=components.device)
+                         models=components.model_names(), stages=components.stage_names(), device=components.device)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

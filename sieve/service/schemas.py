@@ -31,6 +31,8 @@ def printable_id(value):
 # checked before str's own validation, whose length check would refuse a surrogate with a vaguer message
 Text = Annotated[str, BeforeValidator(unicode_text)]  # every text a model reads
 DocumentId = Annotated[str, BeforeValidator(printable_id)]  # ids end up in logs, files and URLs
+# a stage's name (sieve/pipeline/registry.py); which names this server has is checked by the searcher (4xx)
+StageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 class Strict(BaseModel):
@@ -48,15 +50,7 @@ class DocumentOut(Reply):
     text: str = Field(..., description="Document text.")
 
 
-class StageScores(Reply):
-    retrieve: float | None = Field(None, description="Score the first stage ranked by: bi-encoder inner product (be), "
-                                   "BM25 (bm25) or the reciprocal-rank fusion score (hybrid).")
-    be: float | None = Field(None, description="Hybrid: the bi-encoder inner product of this candidate.")
-    bm25: float | None = Field(None, description="bm25 / hybrid: the BM25 score of this candidate (0 = no query term).")
-    cmc: float | None = Field(None, description="CMC score (null when CMC did not score this candidate).")
-    ce: float | None = Field(None, description="Cross-encoder logit (null when the CE did not score it).")
-    mix: float | None = Field(None, description="MixEncoder cosine (null when it did not score this candidate).")
-    ce_late: float | None = Field(None, description="Late-interaction cross-encoder score, s_cls + s_late (null when it did not score it).")
+STAGE_KEYS_DOC = "docs/api.md lists the keys of the stages Sieve ships; GET /readyz `stages` those of this server"
 
 
 class ErrorInfo(Reply):
@@ -76,20 +70,21 @@ class SearchRequest(Strict):
     query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
     top_k: int = Field(10, ge=1, description="Results to return (<= retrieve_k and <= SIEVE_MAX_TOP_K).")
     retrieve_k: int = Field(512, ge=1, description="Candidates the retriever returns (clamped to the index size).")
-    rerank: Literal["cmc", "mix", "none"] | None = Field(
-        None, description="Rerank the retrieved candidates with CMC, the MixEncoder (SIEVE_MIX_PATH), or not. Unset = "
-        "SIEVE_DEFAULT_RERANK (none with retriever anncur, which CMC cannot rerank).")
+    rerank: StageName | None = Field(
+        None, description="Reranker of all retrieved candidates: cmc, none, or another registered reranker (mix with "
+        "the research stages). Unset = SIEVE_DEFAULT_RERANK (none with retriever anncur, which CMC cannot rerank).")
     cmc_k: int = Field(16, ge=1, description="K': candidates CMC passes to the cross-encoder; the CE scores this many "
                        "(with retriever anncur: besides the anchors).")
     cross_encoder: bool | None = Field(None, description="Rerank the top cmc_k with the cross-encoder (4xx when none is "
                                        "configured); unset = SIEVE_DEFAULT_CROSS_ENCODER, and only when the server "
                                        "has the chosen ce_model and the retriever is not anncur.")
-    ce_model: Literal["ce", "ce_late"] = Field("ce", description="Which cross-encoder: ce (SIEVE_CROSS_ENCODER_PATH) or "
-                                               "ce_late, the late-interaction one (SIEVE_LATE_CE_PATH).")
+    ce_model: StageName = Field("ce", description="Which cross-encoder stage scores the head: ce "
+                                "(SIEVE_CROSS_ENCODER_PATH) or another registered one (ce_late, the late-interaction "
+                                "one, SIEVE_LATE_CE_PATH, with the research stages).")
     return_documents: bool = Field(False, description="Include each result's title and text.")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: a rerank "
                                    "stage that does not fit is skipped (partial: true); default SIEVE_DEFAULT_TIMEOUT_MS.")
-    retriever: Literal["be", "bm25", "hybrid", "anncur"] | None = Field(
+    retriever: StageName | None = Field(
         None, description="be: bi-encoder + FAISS; bm25: BM25 over title + text (the index's lexical part); hybrid: "
         "the top SIEVE_HYBRID_DEPTH of each fused by reciprocal rank; anncur: the cross-encoder itself, scored against "
         "k_i anchor documents, then MIPS over the annCUR index (SIEVE_ANNCUR_DIR). Unset = hybrid when the index has "
@@ -106,27 +101,18 @@ class SearchHit(Reply):
     id: str = Field(..., description="Document id.")
     rank: int = Field(..., description="1-based rank.")
     score: float = Field(..., description="Score of the last stage that ranked this result.")
-    scores: StageScores = Field(..., description="Score from each stage (null where a stage did not score it).")
+    scores: dict[str, float | None] = Field(..., description="Score from each stage that ran, keyed by its score column "
+                                            "(retrieve = the first stage's ranking score; hybrid adds be and bm25; "
+                                            "then cmc, ce, ...); null where a stage did not score this candidate "
+                                            "(the cross-encoder scores only the head). " + STAGE_KEYS_DOC + ".")
     document: DocumentOut | None = Field(None, description="Title and text, when return_documents is true.")
-
-
-class SearchTimings(Reply):
-    be_encode: float | None = Field(None, description="Bi-encoder query encoding, ms.")
-    cmc_encode: float | None = Field(None, description="CMC query encoding (concurrent with be_encode), ms.")
-    mips: float | None = Field(None, description="FAISS inner-product search, ms.")
-    bm25: float | None = Field(None, description="BM25 scoring of the lexical part, ms.")
-    fuse: float | None = Field(None, description="Hybrid: reciprocal-rank fusion and the candidates' first-stage scores, ms.")
-    cmc: float | None = Field(None, description="CMC over the retrieved candidates, ms.")
-    ce: float | None = Field(None, description="Cross-encoder over the top cmc_k, ms.")
-    mix: float | None = Field(None, description="MixEncoder: its query encoding and the candidates' interaction, ms.")
-    ce_late: float | None = Field(None, description="Late-interaction cross-encoder over the top cmc_k, ms.")
-    anncur: float | None = Field(None, description="annCUR: the cross-encoder over the k_i anchor documents, ms.")
-    total: float = Field(..., description="Whole request inside the pipeline, ms.")
 
 
 class SearchResponse(Reply):
     results: list[SearchHit] = Field(..., description="Ranked results, best first.")
-    timings_ms: SearchTimings = Field(..., description="Per-stage latency in milliseconds.")
+    timings_ms: dict[str, float] = Field(..., description="Latency in ms of each step that ran, keyed by its timing "
+                                         "key (be_encode, mips, bm25, fuse, cmc_encode, cmc, ce, ...), plus total (the "
+                                         "whole request inside the pipeline). " + STAGE_KEYS_DOC + ".")
     index_version: int = Field(..., description="Version of the index that answered.")
     stages: list[str] = Field(..., description="Stages that ranked the results, in order.")
     warnings: list[str] = Field(default_factory=list, description="E.g. retrieve_k clamped, query truncated.")
@@ -152,8 +138,8 @@ class RerankRequest(Strict):
     documents: list[Text | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
-    model: Literal["cmc", "ce", "ce_late", "mix"] = Field("cmc", description="Reranker: CMC (default), the "
-                                                          "cross-encoder, the late-interaction cross-encoder or the MixEncoder.")
+    model: StageName = Field("cmc", description="Reranker: cmc (default), ce (the cross-encoder), or another "
+                             "registered stage that ranks texts (mix, ce_late with the research stages).")
     timeout_ms: int | None = Field(None, ge=1, le=TIMEOUT_MAX_MS, description="Answer within this many ms: when the "
                                    "reranker does not fit, the fallback order is returned (partial: true).")
 
@@ -259,5 +245,8 @@ class Ready(Reply):
     index_size: int = Field(..., description="Documents in the live index.")
     index_version: int = Field(..., description="Version of the live index.")
     index_dir: str = Field(..., description="Index directory being served.")
-    models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder).")
+    models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder, and "
+                                          "each other registered stage with a model); null = not loaded.")
+    stages: dict[str, list[str]] = Field(..., description="Stages this server can run, by role (retriever, reranker, "
+                                         "cross_encoder): each registered stage whose model is loaded or that needs none.")
     device: str = Field(..., description="Torch device the models run on.")

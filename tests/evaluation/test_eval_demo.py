@@ -15,7 +15,7 @@ from sieve.evaluation.backends import HttpBackend, InProcessBackend
 from sieve.evaluation.dataset import load_split
 from sieve.evaluation.local import ensure_index
 from sieve.evaluation.metrics import mean_metric, ndcg_at_k
-from sieve.evaluation.runner import PIPELINES, EvalConfig, run_pipelines
+from sieve.evaluation.runner import EvalConfig, pipeline, run_pipelines
 from sieve.evaluation.table2 import run_table2
 from sieve.index import SearchIndex
 from sieve.models.cmc_checkpoint import untrained_cmc
@@ -58,8 +58,8 @@ def test_untrained_cmc_ranks_exactly_as_the_biencoder(demo_beir, demo_searcher):
     data = load_split(demo_beir, "test")
     backend, cfg = InProcessBackend(demo_searcher), EvalConfig()
     for text in data.queries.values():
-        be = backend.search(PIPELINES["be"].params(text, cfg))
-        cmc = backend.search(PIPELINES["be+cmc"].params(text, cfg))
+        be = backend.search(pipeline("be").params(text, cfg))
+        cmc = backend.search(pipeline("be+cmc").params(text, cfg))
         assert cmc.ids == be.ids and len(be.ids) == 60  # retrieve_k 512 is clamped to the 60 documents
         assert "cmc" in cmc.timings_ms and "cmc" not in be.timings_ms
 
@@ -133,8 +133,8 @@ def test_http_backend_measures_the_served_path_with_the_same_rankings(demo_beir,
             messages = []
             served = run_pipelines(http, data, ["be", "be+cmc", "be+ce"], cfg, log=messages.append)
             for text in data.queries.values():
-                result = http.search(PIPELINES["be+cmc"].params(text, cfg))
-                assert result.ids == InProcessBackend(demo_searcher).search(PIPELINES["be+cmc"].params(text, cfg)).ids
+                result = http.search(pipeline("be+cmc").params(text, cfg))
+                assert result.ids == InProcessBackend(demo_searcher).search(pipeline("be+cmc").params(text, cfg)).ids
                 # every stage timed (the client asks for no-cache); the untrained CMC shares the bi-encoder's
                 # query encoding, so there is no cmc_encode
                 assert {"be_encode", "mips", "cmc", "total"} == set(result.timings_ms)

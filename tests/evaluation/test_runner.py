@@ -49,6 +49,7 @@ class FakeSearcher:
         self.index = FakeIndex()
         self.biencoder = self.cmc = type("Model", (), {"name": "fake"})()
         self.cross_encoder = cross_encoder
+        self.models = {"cmc": self.cmc, **({"ce": cross_encoder} if cross_encoder is not None else {})}
         self.calls = []
 
     def search(self, params):
@@ -113,8 +114,12 @@ def test_pipelines_needing_an_unconfigured_cross_encoder_are_skipped_with_a_mess
 
 def test_bad_pipeline_names_and_configs_are_refused():
     assert parse_pipelines("be+cmc, be,be") == ["be+cmc", "be"]
-    with pytest.raises(ValueError, match="allowed: be, be\\+cmc"):
+    with pytest.raises(ValueError, match="'colbert' is not a retriever \\(be, bm25, hybrid"):
         parse_pipelines("be,colbert")
+    with pytest.raises(ValueError, match="'bm25' is not a reranker or cross-encoder"):
+        parse_pipelines("be+bm25")
+    with pytest.raises(ValueError, match="no pipeline"):
+        parse_pipelines(" , ")
     with pytest.raises(ValueError, match="retrieve_k 64 must be >= 100"):
         EvalConfig(retrieve_k=64)
     with pytest.raises(ValueError, match="cmc_k"):

@@ -8,7 +8,7 @@ import pytest
 
 from sieve.evaluation.backends import QueryResult
 from sieve.evaluation.dataset import load_split
-from sieve.evaluation.runner import PIPELINES, EvalConfig, collect
+from sieve.evaluation.runner import EvalConfig, collect, pipeline
 from sieve.evaluation.transfer import choose_default, macro_rows, merge, seen_subsets, transfer_report
 
 
@@ -42,8 +42,8 @@ def test_identical_ids_are_dropped_for_arguana_only(tmp_path):
     other = load_split(write_beir(tmp_path, "scifact", queries, qrels), "test")
     assert arguana.ignore_identical_ids and not other.ignore_identical_ids
     backend = Scripted({"first": ["q1", "a", "b"]})
-    assert collect(backend, PIPELINES["be"], arguana, EvalConfig()).rankings["q1"] == ["a", "b"]
-    assert collect(backend, PIPELINES["be"], other, EvalConfig()).rankings["q1"] == ["q1", "a", "b"]
+    assert collect(backend, pipeline("be"), arguana, EvalConfig()).rankings["q1"] == ["a", "b"]
+    assert collect(backend, pipeline("be"), other, EvalConfig()).rankings["q1"] == ["q1", "a", "b"]
 
 
 def test_a_query_is_seen_when_a_relevant_document_is_relevant_to_training(tmp_path):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sieve.index import IndexMismatchError
-from sieve.index.anncur import AnnCURConfig, AnnCURIndex, build_anncur_index, pick_anchor_queries
-from sieve.index.score_matrix import score_matrix
+from sieve.research.anncur.index import AnnCURConfig, AnnCURIndex, build_anncur_index, pick_anchor_queries
+from sieve.research.anncur.score_matrix import score_matrix
 from sieve.index.search_index import SearchIndex
 from tests.index.conftest import FakeEncoder
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sieve.index.cur import approximate_scores, item_embeddings, select_anchor_items
+from sieve.research.anncur.cur import approximate_scores, item_embeddings, select_anchor_items
 
 
 def low_rank(n_queries: int, n_items: int, rank: int, seed: int = 0) -> np.ndarray:

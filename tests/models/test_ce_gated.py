@@ -109,6 +109,6 @@ def test_parts_are_scored_in_one_pass_each_as_its_own_loss_sees_it(gated_ce):
 
 
 def test_score_caches_record_the_head_they_were_scored_with(gated_ce):
-    from sieve.index.score_matrix import scorer_identity
+    from sieve.research.anncur.score_matrix import scorer_identity
 
     assert scorer_identity(gated_ce)["head"] == "gated"  # not "cls": the gated module builds its spec

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sieve.index import Document, SearchIndex, build_index
-from sieve.models.mix_runtime import STORE, MixLengths, MixRuntime
-from sieve.models.mixencoder import MixConfig
+from sieve.research.mix.runtime import STORE, MixLengths, MixRuntime
+from sieve.research.mix.model import MixConfig
 from sieve.models.weights import default_model_path
 
 DOCS = ["Lava is molten rock that erupts from volcanoes.", "Bread dough rises with yeast before baking.",

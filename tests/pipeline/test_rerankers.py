@@ -11,11 +11,11 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Bert
 from sieve.index import SearchIndex, build_index, read_beir_corpus
 from sieve.models.ce_heads import new_head
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.models.mix_runtime import STORE, MixRuntime, context_tokens
-from sieve.models.mixencoder import MixConfig, MixEncoder
+from sieve.research.mix.runtime import STORE, MixRuntime, context_tokens
+from sieve.research.mix.model import MixConfig, MixEncoder
 from sieve.models.weights import default_model_path
 from sieve.pipeline.candidates import Candidates
-from sieve.pipeline.rerankers import LateCrossEncoderRerank, MixRerank
+from sieve.research.rerankers import LateCrossEncoderRerank, MixRerank
 from sieve.pipeline.searcher import RerankItem, SearchParams, Searcher
 from sieve.pipeline.state import QueryState
 from tests.conftest import DEMO_CORPUS
@@ -105,7 +105,7 @@ def test_late_cross_encoder_stage_scores_under_its_own_name(mix_index, biencoder
 
 @pytest.fixture()
 def searcher(mix_index, biencoder, tiny_mix, tiny_late):
-    s = Searcher(biencoder, mix_index, mix=tiny_mix, late_ce=tiny_late)
+    s = Searcher(biencoder, mix_index, models={"mix": tiny_mix, "ce_late": tiny_late})
     yield s
     s.close()
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sieve.index import SearchIndex
-from sieve.index.anncur import AnnCURIndex
+from sieve.research.anncur.index import AnnCURIndex
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
-from sieve.pipeline.anncur_stage import AnnCUR
+from sieve.research.anncur.stage import AnnCUR
 from sieve.pipeline.errors import StageUnavailable
 from sieve.pipeline.searcher import SearchParams, Searcher
 from tests.server import Server
@@ -67,12 +67,12 @@ def test_search_returns_the_top_of_the_cur_approximation(anncur_client, local):
                                             "top_k": 8, "retrieve_k": 20, "cmc_k": 4})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["stages"] == ["anncur"] and body["timings_ms"]["anncur"] > 0 and body["timings_ms"]["be_encode"] is None
+    assert body["stages"] == ["anncur"] and body["timings_ms"]["anncur"] > 0 and body["timings_ms"].get("be_encode") is None
     anchor_scores = local.ce.score("lava flows from a volcano", local.anncur.anchor_texts).numpy()
     scores, rows = local.anncur.search(anchor_scores, 8)
     assert [h["id"] for h in body["results"]] == local.index.ids(rows)
     np.testing.assert_allclose([h["scores"]["retrieve"] for h in body["results"]], scores, atol=1e-4)
-    assert all(h["scores"]["ce"] is None and h["scores"]["cmc"] is None for h in body["results"])
+    assert all(h["scores"].get("ce") is None and h["scores"].get("cmc") is None for h in body["results"])
 
 
 def test_exact_rerank_scores_the_anchors_and_the_best_others(anncur_client, local):
@@ -83,7 +83,7 @@ def test_exact_rerank_scores_the_anchors_and_the_best_others(anncur_client, loca
     body = r.json()
     assert body["stages"] == ["anncur", "ce"]
     hits = body["results"]
-    scored = [h for h in hits if h["scores"]["ce"] is not None]
+    scored = [h for h in hits if h["scores"].get("ce") is not None]
     assert len(scored) == 3 + 4  # the anchors and cmc_k others
     assert hits[:7] == scored and set(local.anncur.record["anchor_ids"]) <= {h["id"] for h in scored}
     ce_scores = [h["scores"]["ce"] for h in scored]
@@ -110,11 +110,13 @@ def test_bad_combinations_are_4xx(anncur_client, client, ce_checkpoint):
 
 
 def test_an_annCUR_index_over_other_documents_is_refused(local, biencoder):
-    searcher = Searcher(biencoder, local.index, anncur=AnnCUR(local.anncur, local.ce))
+    searcher = Searcher(biencoder, local.index, models={"anncur": AnnCUR(local.anncur, local.ce)})
     try:
-        assert searcher.require_anncur(local.index).index is local.anncur
+        params = SearchParams("q", retriever="anncur", rerank="none")
+        [(spec, model)] = searcher.check_params(params, local.index)
+        assert spec.name == "anncur" and model.index is local.anncur
         other = SimpleNamespace(manifest=SimpleNamespace(corpus_hash="0" * 64))
         with pytest.raises(StageUnavailable, match="other documents"):
-            searcher.require_anncur(other)
+            searcher.check_params(params, other)
     finally:
         searcher.close()

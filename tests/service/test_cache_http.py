@@ -21,7 +21,7 @@ def test_second_identical_search_is_a_cache_hit_with_the_same_answer(client):
     after = client.get("/metrics").text
     assert not first["cached"] and second["cached"]
     assert second["results"] == first["results"] and second["index_version"] == first["index_version"]
-    assert second["timings_ms"]["be_encode"] is None and second["timings_ms"]["total"] >= 0
+    assert second["timings_ms"].get("be_encode") is None and second["timings_ms"]["total"] >= 0
     assert counter(after, "sieve_cache_requests_total", cache="result", outcome="hit") == \
         counter(before, "sieve_cache_requests_total", cache="result", outcome="hit") + 1
 
@@ -33,7 +33,7 @@ def test_no_cache_header_computes_afresh_with_every_stage_timed(client):
     fresh = client.post("/search", json=body, headers={"Cache-Control": "no-cache"}).json()
     after = client.get("/metrics").text
     assert not fresh["cached"] and fresh["results"] == first["results"]
-    assert fresh["timings_ms"]["be_encode"] is not None and fresh["timings_ms"]["mips"] is not None
+    assert fresh["timings_ms"].get("be_encode") is not None and fresh["timings_ms"].get("mips") is not None
     for cache in ("result", "embedding"):  # neither cache was even asked
         assert counter(after, "sieve_cache_requests_total", cache=cache, outcome="hit") == \
             counter(before, "sieve_cache_requests_total", cache=cache, outcome="hit")

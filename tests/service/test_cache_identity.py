@@ -58,16 +58,15 @@ def test_the_fingerprint_covers_every_model_a_request_can_pick(tmp_path):
     try:
         base = fingerprint(Components(searcher, "cpu"), settings)
 
-        def with_model(**models) -> str:
+        def with_model(**models) -> str:  # stage name -> model
             changed = copy.copy(searcher)
-            for name, model in models.items():
-                setattr(changed, name, model)
+            changed.models = {**searcher.models, **models}
             return fingerprint(Components(changed, "cpu"), settings)
 
         late_one, late_two = tiny_cross_encoder(tokenizer, seed=1), tiny_cross_encoder(tokenizer, seed=2)
-        assert base != with_model(late_ce=late_one) != with_model(late_ce=late_two)
-        assert with_model(late_ce=late_one) == with_model(late_ce=tiny_cross_encoder(tokenizer, seed=1))  # stable
-        assert base != with_model(cross_encoder=tiny_cross_encoder(tokenizer, seed=3))
+        assert base != with_model(ce_late=late_one) != with_model(ce_late=late_two)
+        assert with_model(ce_late=late_one) == with_model(ce_late=tiny_cross_encoder(tokenizer, seed=1))  # stable
+        assert base != with_model(ce=tiny_cross_encoder(tokenizer, seed=3))
         mix = SimpleNamespace(name="mix", weights_hash="mix-weights-1", lengths="MixLengths(64, 256)")
         assert base != with_model(mix=mix) != with_model(mix=SimpleNamespace(**{**vars(mix), "weights_hash": "2"}))
         built = SimpleNamespace(index=SimpleNamespace(version=1), corpus_hash="c", record={"anchor_rows": [1, 2]})

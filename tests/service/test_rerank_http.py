@@ -51,8 +51,8 @@ def test_cross_encoder_rerank_and_search(ce_server, ce_checkpoint):
         # cross_encoder unset: off (SIEVE_DEFAULT_CROSS_ENCODER false: the CE lowers the transfer report), even
         # on a server that has one; true asks for it (default cmc_k 16); false stops at CMC
         default = client.post("/search", json={"query": "telescopes and galaxies", "top_k": 20}).json()
-        assert default["stages"] == ["retrieve", "cmc"] and default["timings_ms"]["ce"] is None
+        assert default["stages"] == ["retrieve", "cmc"] and default["timings_ms"].get("ce") is None
         asked = client.post("/search", json={"query": "telescopes and galaxies", "top_k": 20, "cross_encoder": True})
-        assert sum(r["scores"]["ce"] is not None for r in asked.json()["results"]) == 16
+        assert sum(r["scores"].get("ce") is not None for r in asked.json()["results"]) == 16
         off = client.post("/search", json={"query": "telescopes and galaxies", "top_k": 20, "cross_encoder": False})
         assert off.json()["stages"] == ["retrieve", "cmc"]

@@ -31,8 +31,10 @@ def test_search_finds_the_topic_and_reports_every_stage(client):
     assert out["stages"] == ["retrieve", "cmc"]
     for key in ("be_encode", "mips", "cmc", "total"):
         assert out["timings_ms"][key] > 0
-    assert out["timings_ms"]["cmc_encode"] is None or out["timings_ms"]["cmc_encode"] > 0  # None: tower shared with BE
-    assert out["timings_ms"]["ce"] is None
+    assert out["timings_ms"].get("cmc_encode", 1) > 0  # absent: the CMC query tower is the bi-encoder (one encoding)
+    # only the stages that ran are listed: no keys (not even nulls) for the cross-encoder or the research stages
+    assert not {"ce", "mix", "ce_late", "anncur"} & set(out["timings_ms"])
+    assert set(top["scores"]) == {"retrieve", "be", "bm25", "cmc"}  # hybrid (the default here) keeps both scores
     scores = [r["score"] for r in out["results"]]
     assert scores == sorted(scores, reverse=True)
 
@@ -41,7 +43,7 @@ def test_untrained_cmc_keeps_the_biencoder_order(client):
     with_cmc = search(client, query="jazz improvisation", top_k=10, rerank="cmc", retriever="be")
     without = search(client, query="jazz improvisation", top_k=10, rerank="none", retriever="be")
     assert [r["id"] for r in with_cmc["results"]] == [r["id"] for r in without["results"]]
-    assert without["results"][0]["scores"]["cmc"] is None
+    assert "cmc" not in without["results"][0]["scores"]  # CMC did not run
     for r in with_cmc["results"]:
         assert math.isclose(r["scores"]["cmc"], r["scores"]["retrieve"], abs_tol=1e-4)
 
@@ -97,12 +99,12 @@ def test_the_default_retriever_is_hybrid_and_each_first_stage_is_selectable(clie
     hybrid = search(client, query=query, top_k=5, rerank="none")
     assert hybrid["stages"] == ["retrieve"] and all(hybrid["timings_ms"][k] > 0 for k in ("mips", "bm25", "fuse"))
     for hit in hybrid["results"]:
-        assert hit["scores"]["be"] is not None and hit["scores"]["bm25"] is not None
+        assert hit["scores"].get("be") is not None and hit["scores"].get("bm25") is not None
     assert hybrid["results"][0]["score"] == hybrid["results"][0]["scores"]["retrieve"] <= 2 / 61  # an RRF score
     be = search(client, query=query, top_k=5, rerank="none", retriever="be")
-    assert be["timings_ms"]["bm25"] is None and be["results"][0]["scores"]["bm25"] is None
+    assert be["timings_ms"].get("bm25") is None and be["results"][0]["scores"].get("bm25") is None
     bm25 = search(client, query="lava volcano eruption", top_k=5, rerank="none", retriever="bm25", return_documents=True)
-    assert bm25["timings_ms"]["be_encode"] is None and bm25["timings_ms"]["bm25"] > 0
+    assert bm25["timings_ms"].get("be_encode") is None and bm25["timings_ms"]["bm25"] > 0
     assert "volcan" in (bm25["results"][0]["document"]["title"] + bm25["results"][0]["document"]["text"]).lower()
     nothing = search(client, query="zzyzx qwxq", top_k=5, rerank="none", retriever="bm25")
     assert nothing["results"] == [] and any("BM25 found nothing" in w for w in nothing["warnings"])

@@ -23,7 +23,7 @@ def test_default_server_serves_hybrid_then_the_shipped_fusion_cmc(shipped_server
         hits = client.post("/search", json={"query": "how do volcanoes erupt", "top_k": 10})
     assert hits.status_code == 200, hits.text
     body = hits.json()
-    assert body["stages"] == ["retrieve", "cmc"] and body["timings_ms"]["bm25"] > 0 and body["timings_ms"]["ce"] is None
+    assert body["stages"] == ["retrieve", "cmc"] and body["timings_ms"]["bm25"] > 0 and body["timings_ms"].get("ce") is None
     results = body["results"]
     assert results[0]["id"].startswith("volcano-")
     # trained fusion: CMC's scores are not the first stage's RRF scores, and rank by more than that order
@@ -37,7 +37,7 @@ def test_the_shipped_cross_encoder_runs_after_cmc_when_asked(shipped_server):
         body = client.post("/search", json={"query": "how do volcanoes erupt", "top_k": 20,
                                             "cross_encoder": True}).json()
     assert body["stages"] == ["retrieve", "cmc", "ce"]
-    scored = [r for r in body["results"] if r["scores"]["ce"] is not None]
+    scored = [r for r in body["results"] if r["scores"].get("ce") is not None]
     assert len(scored) == 16 and body["results"][:16] == scored  # default cmc_k: the CE's 16 lead the list
     assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
     assert scored[0]["id"].startswith("volcano-")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import torch
 
-from sieve.models.mix_runtime import MixRuntime
+from sieve.research.mix.runtime import MixRuntime
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
-from sieve.training.mix_train import MixTrainConfig, MixTrainer, excluded
+from sieve.research.mix.train import MixTrainConfig, MixTrainer, excluded
 
 
 def mix_config(data, out, **overrides) -> MixTrainConfig:

@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .corpus import hash_strings
+from sieve.index.corpus import hash_strings
 
 FORMAT_VERSION = 1
 

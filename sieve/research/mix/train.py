@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sieve.models.mix_runtime import CONFIG_FILE, MixLengths, MixRuntime
-from sieve.models.mixencoder import MixConfig
+from sieve.research.mix.runtime import CONFIG_FILE, MixLengths, MixRuntime
+from sieve.research.mix.model import MixConfig
 from sieve.models.weights import default_model_path
 from sieve.training.ce_train import CETrainConfig, CETrainer
 

@@ -39,7 +39,7 @@ def cmd_anncur(args: argparse.Namespace, settings) -> None:
     import torch
 
     from sieve.index import read_qrels, read_queries
-    from sieve.index.anncur import AnnCURConfig, build_anncur_index, pick_anchor_queries
+    from sieve.research.anncur.index import AnnCURConfig, build_anncur_index, pick_anchor_queries
     from sieve.models.cross_encoder import CrossEncoder, PairLengths
     from sieve.models.device import pick_device
 

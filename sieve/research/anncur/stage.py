@@ -14,15 +14,24 @@ documents come from the request's index version. Cross-encoder work goes through
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from sieve.index.anncur import AnnCURIndex
-from sieve.models.cross_encoder import CrossEncoder
+from sieve.research.anncur.index import AnnCURIndex
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
+from sieve.pipeline.errors import RequestError, StageUnavailable
+from sieve.pipeline.registry import RETRIEVER, LoadContext, StageSpec, register
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.pipeline.state import QueryState
+from sieve.research.settings import AnnCURSettings
+from sieve.stages.common import model_identity
+
+log = logging.getLogger("sieve")
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,13 @@ class AnnCUR:
 
     index: AnnCURIndex
     cross_encoder: CrossEncoder
+
+    @property
+    def name(self) -> str:  # /readyz names annCUR by the cross-encoder that built it
+        return self.cross_encoder.name
+
+    def close(self) -> None:
+        self.index.close()
 
 
 class AnnCURRetrieve:
@@ -117,3 +133,73 @@ def anncur_stages(anncur: AnnCUR, k: int, rerank_k: int, index, batch_tokens: in
     """annCUR's top k, then (rerank_k > 0) the exact rerank of the anchors and the best rerank_k others."""
     retrieve = AnnCURRetrieve(anncur, k, batch_tokens)
     return [retrieve] + ([AnnCURRerank(retrieve, rerank_k, index, batch_tokens)] if rerank_k > 0 else [])
+
+
+# -- the stage spec -----------------------------------------------------------------------------------------
+def load(ctx: LoadContext) -> AnnCUR | None:
+    """The annCUR index and the cross-encoder that built it, run with the pair lengths it was built with (other
+    lengths give other scores than the ones its item embeddings approximate)."""
+    own, settings = ctx.own, ctx.settings
+    if own.anncur_dir is None:
+        return None
+    path = own.anncur_cross_encoder_path or settings.resolved_cross_encoder_path()
+    if path is None:
+        raise ValueError("SIEVE_ANNCUR_DIR is set but no cross-encoder is: set SIEVE_ANNCUR_CROSS_ENCODER_PATH (or "
+                         "SIEVE_CROSS_ENCODER_PATH) to the checkpoint that built the annCUR index")
+    anncur = AnnCURIndex.load(own.anncur_dir, use_gpu=settings.faiss_gpu and ctx.device.type == "cuda",
+                              nprobe=settings.nprobe, ef_search=settings.ef_search)
+    built = anncur.record["cross_encoder"]
+    default = settings.ce_lengths(path)
+    lengths = PairLengths(built.get("query_max_length") or default.query_max_length,
+                          built.get("max_length") or default.max_length)
+    loaded_ce = ctx.loaded.get("ce")
+    reuse = loaded_ce is not None and path == settings.resolved_cross_encoder_path() and loaded_ce.lengths == lengths
+    ce = loaded_ce if reuse else CrossEncoder.from_pretrained(path, lengths=lengths, device=ctx.device,
+                                                              batch_size=settings.ce_batch_size)
+    if anncur.corpus_hash != ctx.index.manifest.corpus_hash:
+        log.warning("the annCUR index at %s covers other documents than %s holds now: retriever anncur answers 400 "
+                    "until it is rebuilt with `sieve index anncur`", own.anncur_dir, settings.index_dir)
+    if ce.weights_hash != anncur.index.manifest.model_hash:
+        anncur.close()
+        raise ValueError(f"the annCUR index at {own.anncur_dir} was built by cross-encoder "
+                         f"{built.get('name')!r} (weights sha256 {anncur.index.manifest.model_hash[:12]}...), not by "
+                         f"{path}; point SIEVE_ANNCUR_CROSS_ENCODER_PATH at that one or rebuild with `sieve index anncur`")
+    return AnnCUR(anncur, ce)
+
+
+def check(params, models: dict, index) -> None:
+    """annCUR's own rules: nothing reranks its candidates by stored vectors, it reranks with its own
+    cross-encoder, and its index must cover the documents the live index holds."""
+    if params.rerank != "none":
+        raise RequestError(f"rerank {params.rerank!r} reorders bi-encoder candidates by their stored vectors; "
+                           "annCUR's come from the cross-encoder itself", field="rerank",
+                           allowed="none with retriever anncur (cross_encoder: true reranks exactly)")
+    if params.ce_model != "ce":
+        raise RequestError("annCUR reranks with the cross-encoder that built its index", field="ce_model",
+                           allowed="ce with retriever anncur")
+    anncur = models.get("anncur")
+    if anncur is not None and anncur.index.corpus_hash != index.manifest.corpus_hash:
+        raise StageUnavailable("the annCUR index was built from other documents than the live index holds "
+                               "(the index changed since)", field="retriever",
+                               allowed="be, until the operator rebuilds it with `sieve index anncur`")
+
+
+def build(ctx) -> list:
+    rerank_k = ctx.params.cmc_k if ctx.params.cross_encoder else 0
+    return anncur_stages(ctx.model, ctx.k, rerank_k, ctx.index, ctx.options.batching.ce_tokens)
+
+
+def identity(anncur: AnnCUR) -> list:
+    built = anncur.index
+    return [model_identity(anncur.cross_encoder), built.index.version, built.corpus_hash,
+            hashlib.sha256(json.dumps(built.record, sort_keys=True, default=str).encode()).hexdigest()]
+
+
+SPEC = register(StageSpec(
+    name="anncur", role=RETRIEVER, summary="annCUR: the cross-encoder retrieves via CUR item embeddings",
+    build=build, load=load, identity=identity, settings=AnnCURSettings, research=True,
+    score_keys=("retrieve", "ce"), timing_keys=("anncur", "mips", "ce"),
+    reads=("cross_encoder_path", "ce_batch_size", "nprobe", "ef_search"),
+    unavailable="be (the server operator sets SIEVE_ANNCUR_DIR to an index built by `sieve index anncur`)",
+    extra={"owns_cross_encoder": True, "default_rerank": "none", "check": check},
+))

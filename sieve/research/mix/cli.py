@@ -37,7 +37,7 @@ def register(commands) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from sieve.training.mix_train import MixTrainConfig
+    from sieve.research.mix.train import MixTrainConfig
 
     for name in ("contexts", "interaction_layers", "negatives", "neg_pool", "batch_groups", "grad_accum", "epochs",
                  "max_length", "dev_queries", "k_dev", "log_every"):
@@ -62,7 +62,7 @@ def cmd_train_mix(args: argparse.Namespace, settings) -> None:
     from sieve.models.device import pick_device
     from sieve.service.components import load_biencoder
     from sieve.training.ce_train import train_cross_encoder
-    from sieve.training.mix_train import MixTrainer
+    from sieve.research.mix.train import MixTrainer
 
     cfg = config_from_args(args)
     if settings.torch_threads:

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-from sieve.models.mixencoder import MixConfig, MixEncoder, QueryStates
+from sieve.research.mix.model import MixConfig, MixEncoder, QueryStates
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 CONFIG_FILE = "mixencoder.json"

@@ -10,28 +10,16 @@ tokenizer is used from one thread at a time when batching is on, and through its
 """
 from __future__ import annotations
 
-import copy
 from typing import Sequence
 
 import numpy as np
 
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.models.mix_runtime import STORE, MixRuntime
+from sieve.research.mix.runtime import STORE, MixRuntime
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.packing import expired
 from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.pipeline.state import QueryState
-from sieve.pipeline.threadsafe import LockedTokenizer
-
-
-def locked_copy(model):
-    """A shallow copy (same weights) whose tokenizer goes through a lock, as pipeline/threadsafe.py does for the
-    default stages' models."""
-    if model is None or isinstance(model.tokenizer, LockedTokenizer):
-        return model
-    clone = copy.copy(model)
-    clone.tokenizer = LockedTokenizer(model.tokenizer)
-    return clone
 
 
 class MixRerank:

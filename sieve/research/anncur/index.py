@@ -20,13 +20,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .cur import DEFAULT_RCOND, item_embeddings, select_anchor_items
-from .layout import rebuild_version_number, version_name, versions_dir, writer_lock
-from .manifest import FORMAT_VERSION, Manifest
-from .score_matrix import score_matrix, scorer_identity
-from .search_index import SearchIndex
-from .vectors import resolve_params
-from .writer import LiveVersion, Rows, VersionPlan, finish_manifest, write_version
+from sieve.research.anncur.cur import DEFAULT_RCOND, item_embeddings, select_anchor_items
+from sieve.index.layout import rebuild_version_number, version_name, versions_dir, writer_lock
+from sieve.index.manifest import FORMAT_VERSION, Manifest
+from sieve.research.anncur.score_matrix import score_matrix, scorer_identity
+from sieve.index.search_index import SearchIndex
+from sieve.index.vectors import resolve_params
+from sieve.index.writer import LiveVersion, Rows, VersionPlan, finish_manifest, write_version
 
 ANNCUR_FILE = "anncur.json"
 

@@ -1,0 +1,76 @@
+"""cmc: CMC (Song et al. 2024) scores every candidate in the context of all the others (sieve/models/cmc.py); the
+shipped default also fuses each candidate's first-stage evidence (sieve/pipeline/evidence.py)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from sieve.models.cmc_checkpoint import CMCBundle, load_cmc, untrained_cmc
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.registry import RERANKER, LoadContext, RerankContext, StageSpec, register
+from sieve.pipeline.rerank_inputs import check_work, indexed_rows, rerank_candidates
+from sieve.pipeline.stages import CMCRerank
+from sieve.stages.common import model_identity
+
+log = logging.getLogger("sieve")
+
+
+def load(ctx: LoadContext) -> CMCBundle | None:
+    """The configured CMC checkpoint, else the shipped default, else (or with SIEVE_CMC_PATH=untrained) the identity
+    CMC. The shipped default was trained on the packaged bi-encoder's vectors: with another bi-encoder it does not
+    apply, and the untrained CMC is served instead (said in the log); an explicitly configured one must fit."""
+    settings = ctx.settings
+    if not settings.cmc_enabled:
+        return None
+    path = settings.resolved_cmc_path()
+    if path is None:
+        # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
+        return untrained_cmc(ctx.biencoder, share_query_tower=True)
+    try:
+        cmc = load_cmc(path, ctx.biencoder)
+    except ValueError as exc:
+        if settings.cmc_path is not None:
+            raise
+        log.warning("the shipped CMC does not fit the configured bi-encoder (%s); serving the untrained CMC", exc)
+        return untrained_cmc(ctx.biencoder, share_query_tower=True)
+    if cmc.config.mode == "separate" and not ctx.index.has_store("cmc"):
+        raise ValueError(f"CMC checkpoint {path} is in separate mode but the index at {settings.index_dir} has no "
+                         "'cmc' embedding store; build it with `sieve index build ... --cmc-checkpoint` or "
+                         "`sieve index add-store`")
+    return cmc
+
+
+def rerank(ctx: RerankContext) -> list | None:
+    """Indexed documents reuse their stored vectors, other texts are encoded by the candidate tower within the
+    deadline; None (the caller's order) when time runs out while encoding."""
+    bundle, state = ctx.model, ctx.state
+    tower = bundle.candidate_tower or ctx.biencoder
+    rows = indexed_rows(ctx.index, ctx.items, ctx.texts)
+    check_work([t for t, row in zip(ctx.texts, rows) if row < 0], tower.lengths.doc_max_length, ctx.max_tokens)
+    ctx.encode_query({"cmc": bundle.query_tower})
+    state.candidates = rerank_candidates(ctx.index, ctx.items, ctx.texts, bundle, ctx.biencoder, state)
+    if state.candidates is None:  # out of time while encoding: nothing scored them all
+        state.candidates = Candidates(rows=np.asarray(rows), texts=ctx.texts)
+        return None
+    state.ran.append("retrieve")
+    return [CMCRerank(bundle, ctx.index, ctx.options.batching.cmc_candidates)]
+
+
+def identity(bundle: CMCBundle) -> list:
+    return [model_identity(bundle.query_tower), bundle.name, bundle.base_model_hash]
+
+
+def index_store(bundle: CMCBundle):
+    """A separate-mode CMC has its own candidate tower: new documents get their 'cmc' vectors from it."""
+    return ("cmc", bundle.candidate_tower) if bundle.candidate_tower is not None else None
+
+
+SPEC = register(StageSpec(
+    name="cmc", role=RERANKER, summary="CMC over all retrieved candidates (shipped default: cmc-fusion)",
+    build=lambda ctx: [CMCRerank(ctx.model, ctx.index, ctx.options.batching.cmc_candidates)],
+    load=load, query_towers=lambda bundle, biencoder: {"cmc": bundle.query_tower}, rerank=rerank,
+    identity=identity, timing_keys=("cmc_encode", "candidate_encode", "cmc"),
+    reads=("cmc_enabled", "cmc_path", "cmc_batch_candidates"),
+    unavailable="none (or enable SIEVE_CMC_ENABLED)", extra={"index_store": index_store},
+))
