@@ -1,4 +1,4 @@
-"""`sieve` command line: index build/add/delete, serve, demo (build a demo index if needed, then serve)."""
+"""`sieve` command line: index build/add/delete, serve, demo (build a demo index if needed, then serve), settings."""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--corpus", type=Path, default=DEMO_CORPUS, help="BEIR corpus.jsonl (default: bundled demo)")
     add_server_args(demo)
     demo.set_defaults(func=cmd_demo)
+    settings = sub.add_parser("settings", help="print the settings in effect (JSON, secrets masked) or their reference")
+    settings.add_argument("--markdown", action="store_true",
+                          help="the Markdown reference generated from the settings' descriptions (docs/configuration.md)")
+    settings.set_defaults(func=cmd_settings)
     register_plugins(sub)
     return parser
 
@@ -163,6 +167,13 @@ def run_server(settings: Settings) -> None:
     # also bounds the time they may take
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes)
+
+
+def cmd_settings(args, settings: Settings) -> None:
+    from sieve.service import settings_doc
+
+    print(settings_doc.render(settings_doc.settings_sections()) if args.markdown else settings.model_dump_json(indent=2),
+          end="" if args.markdown else "\n")
 
 
 def cmd_demo(args, settings: Settings) -> None:

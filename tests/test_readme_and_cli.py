@@ -1,8 +1,10 @@
-"""README stays true: every setting documented, the two set-up commands present and the ones CI runs; the CLI
-builds, edits and refuses indexes with clear messages."""
+"""Docs stay true: docs/configuration.md is the settings' own descriptions, every relative link resolves, README's two
+set-up commands are the ones CI runs; the CLI builds, edits and refuses indexes with clear messages."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +15,41 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "sieve" / "demo_corpus.jsonl"
 
 
-def test_every_setting_is_documented_in_readme():
-    from sieve.service.config import Settings
+def test_configuration_doc_is_generated_from_the_settings():
+    from sieve.service import settings_doc
 
-    readme = (REPO / "README.md").read_text()
-    missing = [name for name in Settings.model_fields if f"`SIEVE_{name.upper()}`" not in readme]
-    assert not missing, f"settings missing from README: {missing}"
+    sections = settings_doc.settings_sections()
+    undescribed = [f"{cls.__name__}.{name}" for _, cls in sections for name, info in cls.model_fields.items()
+                   if not (info.description or "").strip()]
+    assert not undescribed, f"settings without a description= (docs/configuration.md is made of them): {undescribed}"
+    committed = (REPO / "docs" / "configuration.md").read_text()
+    assert committed == settings_doc.render(sections), \
+        f"docs/configuration.md is out of date; regenerate it: {settings_doc.REGENERATE}"
+
+
+def test_sieve_settings_markdown_prints_the_configuration_doc():
+    out = sieve("settings", "--markdown")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (REPO / "docs" / "configuration.md").read_text()
+
+
+# Written on other branches of issue 14; they exist once those are merged (the integrator then empties this).
+NOT_YET_MERGED = {"docs/index.md", "docs/remote-cross-encoder.md"}
+MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def test_every_relative_link_in_the_docs_points_to_a_file():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in MARKDOWN_LINK.findall(page.read_text()):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"^[a-z][a-z0-9+.-]*:", path):  # same-page anchor, http:, mailto:
+                continue
+            resolved = (page.parent / path).resolve()
+            if not resolved.exists() and Path(os.path.relpath(resolved, REPO)).as_posix() not in NOT_YET_MERGED:
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert len(pages) > 1 and not broken, f"links to files that do not exist: {broken}"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -17,13 +17,13 @@ class ResearchSettings(BaseSettings):
 
 
 class MixSettings(ResearchSettings):
-    mix_path: Path | None = Field(None, description="MixEncoder checkpoint (`sieve train mix`); the index must hold its 'mix' store; unset = off.")
+    mix_path: Path | None = Field(None, description="MixEncoder checkpoint (`sieve train mix`); the index must hold its 'mix' store (`sieve index add-store --mix-checkpoint`); unset = off.")
 
 
 class LateCrossEncoderSettings(ResearchSettings):
-    late_ce_path: Path | None = Field(None, description="A second cross-encoder (`sieve train ce --head cls+late`), picked by ce_model=ce_late; unset = off.")
+    late_ce_path: Path | None = Field(None, description="A second cross-encoder, normally a `sieve train ce --head gated+late` (or cls+late) checkpoint, picked per request with ce_model=ce_late; unset = off.")
 
 
 class AnnCURSettings(ResearchSettings):
     anncur_dir: Path | None = Field(None, description="annCUR index built by `sieve index anncur` over SIEVE_INDEX_DIR; unset = annCUR off.")
-    anncur_cross_encoder_path: Path | None = Field(None, description="The cross-encoder that built the annCUR index; unset = SIEVE_CROSS_ENCODER_PATH.")
+    anncur_cross_encoder_path: Path | None = Field(None, description="The cross-encoder that built the annCUR index (its pair lengths are taken from the index); unset = SIEVE_CROSS_ENCODER_PATH.")

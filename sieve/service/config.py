@@ -1,5 +1,6 @@
 """The one settings object. Every field is read from the environment with the SIEVE_ prefix (SIEVE_INDEX_DIR, ...)
-and documented in README.md; it is built once at start-up and handed to whatever needs it.
+and documented in docs/configuration.md (generated from the descriptions below by sieve/service/settings_doc.py);
+it is built once at start-up and handed to whatever needs it.
 """
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ class Settings(BaseSettings):
 
     # where things are
     index_dir: Path = Field(Path("demo-index"), description="Index directory built by `sieve index build`.")
-    cache_dir: Path = Field(Path.home() / ".cache" / "sieve", description="Embedding cache (keyed by model and corpus hash).")
+    cache_dir: Path = Field(Path.home() / ".cache" / "sieve", description="Embedding cache, keyed by model weights, max length and corpus hash.")
     # bi-encoder
     model_path: Path | None = Field(None, description="Local HF checkpoint of the bi-encoder; unset = packaged all-MiniLM-L6-v2.")
-    model_name: str = Field("all-MiniLM-L6-v2", description="Name recorded in the index manifest.")
+    model_name: str = Field("all-MiniLM-L6-v2", description="Model name recorded in (and checked against) the index manifest.")
     query_max_length: int = Field(64, ge=8, le=512, description="Query tokens for the bi-encoder and CMC query tower.")
     doc_max_length: int = Field(256, ge=16, le=512, description="Document tokens (title + text) when encoding.")
-    query_overflow: Literal["truncate", "reject"] = Field("truncate", description="Over-long queries: cut to query_max_length, or answer 413.")
-    encode_batch_size: int = Field(32, ge=1, le=1024)
+    query_overflow: Literal["truncate", "reject"] = Field("truncate", description="Over-long queries: `truncate` to SIEVE_QUERY_MAX_LENGTH (and say so in `warnings`) or `reject` (413).")
+    encode_batch_size: int = Field(32, ge=1, le=1024, description="Texts per forward pass when the bi-encoder (or the MixEncoder) encodes documents.")
     # lexical first stage (BM25 inside each index version) and hybrid fusion
     lexical_enabled: bool = Field(True, description="`sieve index build` / `sieve demo` / `sieve eval` give the index a BM25 part (retriever bm25 and hybrid).")
     lexical_language: str = Field("english", description="BM25 analyzer: stop words and PyStemmer stemmer of this language; 'none' = lower-cased tokens only.")
@@ -34,34 +35,34 @@ class Settings(BaseSettings):
     hybrid_weight_be: float = Field(1.0, ge=0, description="Weight of the bi-encoder list in the fusion.")
     hybrid_weight_bm25: float = Field(1.0, ge=0, description="Weight of the BM25 list in the fusion.")
     # the pipeline a /search gets for the fields it leaves unset (chosen on the transfer report, RESULTS.md)
-    default_rerank: str = Field("cmc", description="/search `rerank` when unset: cmc, none or another registered reranker (checked at start-up).")
+    default_rerank: str = Field("cmc", description="/search `rerank` when the request leaves it unset: cmc, none or another registered reranker (checked at start-up).")
     default_cross_encoder: bool = Field(False, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
-    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped as shipped:cmc-fusion (the paper-style one: shipped:cmc); 'untrained' = identity CMC (ranks as the bi-encoder).")
+    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; unset = the trained default shipped as shipped:cmc-fusion (the paper-style one: shipped:cmc), made for the packaged bi-encoder (with another SIEVE_MODEL_PATH the untrained CMC is served and the log says so); 'untrained' = identity CMC (ranks as the bi-encoder).")
     # cross-encoder
-    cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage.")
-    cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = the trained default shipped as shipped:cross-encoder (CE stage off when none is shipped).")
+    cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage; false = CE stage off (`cross_encoder: true` then answers 400).")
+    cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint (or one of the heads in sieve/models/ce_heads.py); unset = the trained default shipped as shipped:cross-encoder (head gated; CE stage off when none is shipped).")
     ce_query_max_length: int | None = Field(None, ge=8, le=512, description="Query tokens of a pair; unset = what the checkpoint was trained with (its sieve_head.json), else 64.")
     ce_max_length: int | None = Field(None, ge=16, le=4096, description="Pair tokens; unset = what the checkpoint was trained with (its sieve_head.json), else 512.")
-    ce_batch_size: int = Field(16, ge=1, le=1024)
+    ce_batch_size: int = Field(16, ge=1, le=1024, description="Pairs per cross-encoder forward pass outside serving (training, distillation teachers, annCUR scoring); serving packs pairs by SIEVE_CE_BATCH_TOKENS.")
     # the research stages (annCUR, MixEncoder, late-interaction cross-encoder) have their own settings classes in
     # sieve/research/settings.py; every stage's settings are listed in docs/configuration.md
     # request limits
-    max_top_k: int = Field(1000, ge=1)
-    max_retrieve_k: int = Field(16384, ge=1)
-    rerank_max_documents: int = Field(1000, ge=1)
+    max_top_k: int = Field(1000, ge=1, description="Largest `top_k` a /search may ask for; more = 422.")
+    max_retrieve_k: int = Field(16384, ge=1, description="Largest `retrieve_k` a /search may ask for; more = 422.")
+    rerank_max_documents: int = Field(1000, ge=1, description="Most documents in one /rerank or /v2/rerank request; more = 422.")
     rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
     # compute
-    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'.")
-    torch_threads: int | None = Field(None, ge=1, description="Intra-op threads; unset = torch's default.")
-    faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when one is present (faiss-gpu).")
+    device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'; chosen once at start-up.")
+    torch_threads: int | None = Field(None, ge=1, description="Torch intra-op threads; unset = torch's default.")
+    faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when CUDA and faiss-gpu are present (not HNSW).")
     nprobe: int = Field(16, ge=1, description="IVF cells probed per query.")
     ef_search: int = Field(128, ge=1, description="HNSW efSearch.")
     # throughput: micro-batching across concurrent requests (one worker thread per model)
     batching: bool = Field(True, description="Batch model work across concurrent requests; false = one forward pass per request.")
     batch_max_size: int = Field(32, ge=1, le=1024, description="Most requests in one batch.")
-    batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="Extra wait for more requests after the first one of a batch.")
+    batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued).")
     cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
     ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
     # deadlines
@@ -81,18 +82,18 @@ class Settings(BaseSettings):
     rate_limit_per_s: float | None = Field(None, gt=0, description="Requests per second per API key (or client address); unset = no limit.")
     rate_limit_burst: int = Field(20, ge=1, description="Token-bucket size: requests a key may send at once.")
     max_inflight: int = Field(64, ge=1, description="Requests in progress at once (counted once the body is read); past it, 429 at once.")
-    header_timeout_s: float = Field(10.0, gt=0, description="Time to receive a request's line and headers; slower = connection closed.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Time to receive a request's line and headers (from connecting, or from the previous response); slower = connection closed.")
     body_timeout_s: float = Field(30.0, gt=0, description="Time to receive a request body; slower = 408 and the connection closed.")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body; larger = 413.")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body (by Content-Length, or counted as a chunked body arrives); larger = 413.")
     max_header_bytes: int = Field(64 * 1024, ge=4096, description="Largest request line + headers; larger = 400 and the connection closed.")
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
     index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version, checked this often; 0 = only on POST /admin/index/reload.")
     # server
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    log_level: str = "info"
+    host: str = Field("127.0.0.1", description="Bind address of `sieve serve` / `sieve demo`.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of `sieve serve` / `sieve demo`.")
+    log_level: str = Field("info", description="Log level of the server and uvicorn (debug, info, warning, error).")
 
     @field_validator("model_path", "cmc_path", "cross_encoder_path", "ce_query_max_length", "ce_max_length",
                      "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")

@@ -5,7 +5,7 @@ as one new index version (index.apply_changes: staged, fsynced, renamed, CURRENT
 is the new version loaded and swapped in as `searcher.index` (one reference assignment), and only then are the
 writes acknowledged: an acknowledged write is durable and visible to the next search; a request already running
 finishes on the version it started with; a crash leaves the old or the new version, never a mix.
-Cost: one version rewrites the index (O(N)), so concurrent writes share it; see README "Live index updates".
+Cost: one version rewrites the index (O(N)), so concurrent writes share it; see docs/api.md "Documents and admin".
 """
 from __future__ import annotations
 
