@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from sieve.models.ce_cos import INITIAL_SCALE, masked_mean
-from sieve.models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
+from sieve.models.ce_base import HEAD_FILE, HEAD_WEIGHTS, INITIAL_SCALE, SumOfParts, load_classifier, masked_mean, register_head
 
 HEAD_NAME = "gated"
 
@@ -171,3 +170,6 @@ def load_gated(path: Path, spec: dict, tokenizer) -> GatedScorer:
     scorer = GatedScorer(load_classifier(path))
     scorer.load_head(path)
     return scorer
+
+
+register_head("gated", new_gated, load_gated)

@@ -1,7 +1,6 @@
 """Cross-encoder: one logit on [CLS] for each (query, document) pair, from any local checkpoint directory."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -9,27 +8,9 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer
 
+from sieve.models.ce_base import PairLengths, PairScorer  # noqa: F401 (PairScorer: imported from here too)
+from sieve.models.ce_heads import head_hash, load_head
 from sieve.models.weights import check_model_dir, offline, weights_hash
-
-
-class PairScorer(nn.Module):
-    """Pure module: pair token ids in, one relevance logit per pair out."""
-
-    def __init__(self, classifier: nn.Module):
-        super().__init__()
-        self.classifier = classifier
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.classifier(input_ids=input_ids, attention_mask=attention_mask,
-                                 token_type_ids=token_type_ids).logits  # (B, num_labels)
-        return logits[:, 0]  # (B,)
-
-
-@dataclass(frozen=True)
-class PairLengths:
-    query_max_length: int = 64
-    max_length: int = 512
 
 
 class CrossEncoder:
@@ -50,8 +31,6 @@ class CrossEncoder:
     def from_pretrained(cls, path: str | Path, *, lengths: PairLengths = PairLengths(),
                         device: torch.device = torch.device("cpu"), batch_size: int = 16) -> "CrossEncoder":
         """Any variant: the checkpoint's sieve_head.json picks the head (models/ce_heads.py; none = "cls")."""
-        from sieve.models.ce_heads import head_hash, load_head
-
         offline()
         path = check_model_dir(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -10,23 +10,20 @@ request's `retriever`), a `reranker` reorders all of them (`rerank`), a `cross_e
 list (`cross_encoder: true` with `ce_model`). `/rerank` takes any stage whose spec has `rerank` (its `model`).
 
 Core stages register when `sieve.stages` is imported; other stages (`sieve.research`, or a user's package) are
-found through the `sieve.stages` entry-point group (`load_plugins`), or registered directly with `register`.
-This module imports nothing of Sieve's, so any layer may read it.
+found through the `sieve.plugins` entry-point group (`load_plugins`, sieve/plugins.py), or registered directly
+with `register`.
 """
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
 
-log = logging.getLogger("sieve.registry")
+from sieve import plugins
 
 RETRIEVER, RERANKER, CROSS_ENCODER = "retriever", "reranker", "cross_encoder"
 ROLES = (RETRIEVER, RERANKER, CROSS_ENCODER)
 FIRST_STAGE_SCORE = "retrieve"  # the column every retriever writes: the order the first stage ranked by
-ENTRY_POINT_GROUP = "sieve.stages"
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,6 @@ class StageSpec:
 
 
 _STAGES: dict[str, StageSpec] = {}
-_plugins_loaded = False
 
 
 def register(spec: StageSpec, replace: bool = False) -> StageSpec:
@@ -184,17 +180,5 @@ def timing_keys() -> list[str]:
 
 
 def load_plugins() -> list[str]:
-    """Import every module named in the `sieve.stages` entry-point group (once); each registers its stages.
-    A plugin that fails to import is logged and left out: the core keeps serving."""
-    global _plugins_loaded
-    found: list[str] = []
-    if _plugins_loaded:
-        return found
-    _plugins_loaded = True
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            point.load()
-            found.append(point.name)
-        except Exception as exc:  # noqa: BLE001 (a broken plugin must not take the core down)
-            log.error("stage plugin %s (%s) failed to load: %s", point.name, point.value, exc)
-    return found
+    """Register the stages of every installed plugin (sieve/plugins.py: the `sieve.plugins` entry points)."""
+    return plugins.load_plugins()

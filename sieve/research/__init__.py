@@ -1,8 +1,8 @@
 """Research stages, outside the serving core: annCUR (retrieval with the cross-encoder via CUR), the MixEncoder
 and the late-interaction cross-encoder, with their trainers and index builders. They register into the core's
-stage registry (sieve/pipeline/registry.py) through the `sieve.stages` entry point (pyproject.toml); the core
+stage registry (sieve/pipeline/registry.py) through the `sieve.plugins` entry point (pyproject.toml); the core
 imports nothing from here. docs/research.md says what each one is and what it measured.
 """
-from sieve.research import late  # noqa: F401 (each of these registers its StageSpec)
+from sieve.research import heads, late  # noqa: F401 (each of these registers its heads or StageSpec)
 from sieve.research.anncur import stage as anncur_stage  # noqa: F401
 from sieve.research.mix import stage as mix_stage  # noqa: F401

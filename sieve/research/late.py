@@ -8,9 +8,19 @@ from sieve.models.cross_encoder import CrossEncoder
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, RerankContext, StageSpec, register
 from sieve.pipeline.rerank_inputs import check_work
-from sieve.research.rerankers import LateCrossEncoderRerank
+from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.research.settings import LateCrossEncoderSettings
 from sieve.stages.common import model_identity
+
+
+class LateCrossEncoderRerank(CrossEncoderRerank):
+    """The cross-encoder stage for a second cross-encoder (a gated+late or cls+late checkpoint), scored under "ce_late"."""
+
+    name = "ce_late"
+
+    def __init__(self, cross_encoder: CrossEncoder, index, k: int, batch_tokens: int = 8192):
+        super().__init__(cross_encoder, index, k, batch_tokens)
+        self.batch_key = f"ce_late:{id(cross_encoder)}"
 
 
 def load(ctx: LoadContext) -> CrossEncoder | None:

@@ -7,6 +7,6 @@
     ce      the cross-encoder over the head of the list (cross_encoder)
 
 Research stages (annCUR, MixEncoder, the late-interaction cross-encoder) live in sieve.research and register
-themselves through the `sieve.stages` entry-point group; the core never imports them.
+themselves through the `sieve.plugins` entry-point group (sieve/plugins.py); the core never imports them.
 """
 from sieve.stages import be, bm25, hybrid, cmc, ce  # noqa: F401 (each registers its StageSpec)

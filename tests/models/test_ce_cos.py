@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from sieve.models.ce_cos import masked_mean
+from sieve.models.ce_base import masked_mean
 from sieve.models.ce_heads import load_classifier, new_head, read_head
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.models.weights import default_model_path

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from sieve.models.ce_gated_late import GatedLateScorer, content_masks
+from sieve.research.heads.gated_late import GatedLateScorer, content_masks
 from sieve.models.ce_heads import load_classifier, new_head, read_head
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.models.weights import default_model_path

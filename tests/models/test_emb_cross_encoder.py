@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from sieve.models.ce_heads import new_head, read_head
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
-from sieve.models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer, marker_positions
+from sieve.research.heads.emb import DOC_MARKER, QUERY_MARKER, EmbPairScorer, marker_positions
 from sieve.models.weights import default_model_path
 from sieve.training.ce_train import save_fp16
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from sieve.models.ce_heads import read_head
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.models.ce_heads import load_classifier, new_head
-from sieve.models.late_interaction import maxsim, segment_masks
+from sieve.research.heads.late_interaction import maxsim, segment_masks
 from sieve.models.weights import default_model_path
 
 DOCS = ["Lava is molten rock that erupts from volcanoes.", "Bread dough rises with yeast before baking.",

@@ -15,7 +15,8 @@ from sieve.research.mix.runtime import STORE, MixRuntime, context_tokens
 from sieve.research.mix.model import MixConfig, MixEncoder
 from sieve.models.weights import default_model_path
 from sieve.pipeline.candidates import Candidates
-from sieve.research.rerankers import LateCrossEncoderRerank, MixRerank
+from sieve.research.late import LateCrossEncoderRerank
+from sieve.research.mix.stage import MixRerank
 from sieve.pipeline.searcher import RerankItem, SearchParams, Searcher
 from sieve.pipeline.state import QueryState
 from tests.conftest import DEMO_CORPUS

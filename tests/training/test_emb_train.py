@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
-from sieve.models.emb_cross_encoder import DOC_MARKER, QUERY_MARKER, EmbPairScorer
+from sieve.research.heads.emb import DOC_MARKER, QUERY_MARKER, EmbPairScorer
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
 from sieve.training.ce_train import CETrainer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.models.late_interaction import LateInteractionScorer
+from sieve.research.heads.late_interaction import LateInteractionScorer
 from tests.training.test_ce_train import tiny_beir, tiny_config, tiny_dataset  # noqa: F401 (fixtures)
 from sieve.training.ce_train import CETrainer, group_parts, lce_loss
 

@@ -1,15 +1,73 @@
 """mix: the MixEncoder reranks all retrieved candidates from their stored context embeddings (index store 'mix')."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.packing import expired
 from sieve.pipeline.registry import RERANKER, LoadContext, RerankContext, StageSpec, register
 from sieve.pipeline.rerank_inputs import check_work, indexed_rows
+from sieve.pipeline.state import QueryState
 from sieve.research.mix.runtime import STORE, MixLengths, MixRuntime
-from sieve.research.rerankers import MixRerank
 from sieve.research.settings import MixSettings
 from sieve.stages.common import model_identity
+
+
+class MixRerank:
+    """Scores the first `k` candidates (all when k is None) with the MixEncoder and sorts them by that score; the
+    rest keep their order below them."""
+
+    name = "mix"
+    skippable = True
+
+    def __init__(self, mix: MixRuntime, index, k: int | None = None):
+        self.mix = mix
+        self.index = index
+        self.k = k
+        self.batch_key = f"mix:{id(mix)}"
+
+    def contexts(self, cands: Candidates, n: int) -> tuple[np.ndarray, list[int], list[str]]:
+        """(n, k * d) stored context embeddings; the positions (and texts) of candidates not in the index, whose
+        rows are left to compute()."""
+        rows = cands.rows[:n]
+        out = np.zeros((n, self.mix.dim), dtype=np.float32)
+        known = np.flatnonzero(rows >= 0)
+        if len(known):
+            out[known] = self.index.embeddings(rows[known], store=STORE)
+        fresh = np.flatnonzero(rows < 0).tolist()
+        return out, fresh, [cands.texts[i] for i in fresh] if fresh else []
+
+    def prepare(self, state: QueryState) -> tuple:
+        n = len(state.candidates) if self.k is None else min(self.k, len(state.candidates))
+        contexts, fresh, texts = self.contexts(state.candidates, n)
+        state.counts[self.name] = n
+        if fresh:
+            state.counts["candidate_encode"] = len(fresh)
+        return state.query, contexts, fresh, texts, state.deadline
+
+    def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
+        """One query encoding per item; candidates without stored contexts are encoded here, on the worker."""
+        results: list[np.ndarray | None] = []
+        for query, contexts, fresh, texts, deadline in items:
+            if expired(deadline):
+                results.append(None)
+                continue
+            if fresh:
+                contexts = contexts.copy()
+                contexts[fresh] = self.mix.encode_documents(texts, progress=False)
+            results.append(self.mix.score_states(self.mix.query_states(query), contexts))
+        return results
+
+    def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
+        state.candidates = state.candidates.rerank_head(self.name, scores)
+        state.candidates.validate()
+        return state
+
+    def __call__(self, state: QueryState) -> QueryState:
+        with state.timed(self.name):
+            return self.finish(state, self.compute([self.prepare(state)])[0])
 
 
 def load(ctx: LoadContext) -> MixRuntime | None:

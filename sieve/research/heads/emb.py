@@ -20,6 +20,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from sieve.models.ce_base import load_classifier, register_head
+
 HEAD_NAME = "emb"
 HEAD_FILE = "sieve_head.json"
 QUERY_MARKER = "[QEMB]"
@@ -105,6 +107,7 @@ def new_emb(classifier: nn.Module, tokenizer, options: dict) -> EmbPairScorer:
 
 
 def load_emb(path: Path, spec: dict, tokenizer) -> EmbPairScorer:
-    from sieve.models.ce_heads import load_classifier
-
     return EmbPairScorer(load_classifier(path), *marker_ids(tokenizer, spec), spec)
+
+
+register_head("emb", new_emb, load_emb)

@@ -23,19 +23,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from sieve.models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
-from sieve.models.late_interaction import segment_masks
+from sieve.models.ce_base import HEAD_FILE, HEAD_WEIGHTS, INITIAL_SCALE, SumOfParts, load_classifier, masked_mean, register_head
+from sieve.research.heads.late_interaction import segment_masks
 
 HEAD_NAME = "cls+cos"
-INITIAL_SCALE = 20.0
-
-
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """states (B, T, d), mask (B, T) bool -> (B, d) mean of the masked-in vectors (0 where a row has none)."""
-    weights = mask.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
-    return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-
-
 class CosineScorer(SumOfParts):
     """A sequence-classification transformer (one logit on [CLS]) plus the pooled-cosine part."""
 
@@ -80,3 +71,6 @@ def load_cos(path: Path, spec: dict, tokenizer) -> CosineScorer:
     scorer = new_cos(load_classifier(path), tokenizer, {})
     scorer.load_head(path)
     return scorer
+
+
+register_head("cls+cos", new_cos, load_cos)

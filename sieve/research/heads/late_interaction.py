@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from sieve.models.ce_heads import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier
+from sieve.models.ce_base import HEAD_FILE, HEAD_WEIGHTS, SumOfParts, load_classifier, register_head
 
 HEAD_NAME = "cls+late"
 
@@ -125,3 +125,6 @@ def load_late(path: Path, spec: dict, tokenizer) -> LateInteractionScorer:
     scorer = new_late(load_classifier(path), tokenizer, spec)
     scorer.load_head(path)
     return scorer
+
+
+register_head("cls+late", new_late, load_late)

@@ -23,10 +23,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from sieve.models.ce_cos import INITIAL_SCALE
+from sieve.models.ce_base import HEAD_WEIGHTS, INITIAL_SCALE, load_classifier, register_head
 from sieve.models.ce_gated import GatedScorer, zero_classifier
-from sieve.models.ce_heads import HEAD_WEIGHTS, load_classifier
-from sieve.models.late_interaction import (LateConfig, config_from_spec, load_projection, maxsim, token_projection,
+from sieve.research.heads.late_interaction import (LateConfig, config_from_spec, load_projection, maxsim, token_projection,
                                      token_vectors)
 
 HEAD_NAME = "gated+late"
@@ -101,3 +100,6 @@ def load_gated_late(path: Path, spec: dict, tokenizer) -> GatedLateScorer:
     scorer = GatedLateScorer(load_classifier(path), special_ids(tokenizer), config_from_spec(spec))
     scorer.load_head(path)
     return scorer
+
+
+register_head("gated+late", new_gated_late, load_gated_late)
