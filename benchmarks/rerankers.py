@@ -36,7 +36,7 @@ from benchmarks.cmc_latency import machine  # noqa: E402
 from sieve.evaluation.backends import InProcessBackend  # noqa: E402
 from sieve.evaluation.dataset import EvalData, load_split  # noqa: E402
 from sieve.evaluation.metrics import mean_metric, mrr_at_k, ndcg_at_k, recall_at_k  # noqa: E402
-from sieve.evaluation.runner import PIPELINES, EvalConfig  # noqa: E402
+from sieve.evaluation.runner import EvalConfig, pipeline as recipe  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "results"
 ITEMSIZE = {"float32": 4, "float16": 2}
@@ -53,7 +53,7 @@ def table_plan(depth: int, wide: int) -> list[tuple[str, str, EvalConfig]]:
 
 def run_queries(searcher, pipeline: str, data: EvalData, cfg: EvalConfig, label: str) -> dict:
     """One warm-up query, then every query one at a time; quality from the rankings, latency from the Searcher."""
-    spec = PIPELINES[pipeline]
+    spec = recipe(pipeline)
     searcher.search(spec.params(next(iter(data.queries.values())), cfg))
     rankings, totals, stages = {}, [], {}
     for qid, text in tqdm(data.queries.items(), desc=label, unit="q", leave=False):
@@ -102,7 +102,7 @@ def cmd_table(args) -> dict:
         searcher = components.searcher
         loaded = InProcessBackend(searcher).stages
         for label, pipeline, cfg in table_plan(args.depth, args.wide):
-            missing = [s for s in PIPELINES[pipeline].needs if s not in loaded]
+            missing = [s for s in recipe(pipeline).needs if s not in loaded]
             if missing:
                 print(f"skipping {label}: no {', '.join(missing)} configured", file=sys.stderr)
                 continue

@@ -2,14 +2,11 @@
 so it can serve beside the plain one and each request picks which (`ce_model`)."""
 from __future__ import annotations
 
-import numpy as np
-
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.pipeline.candidates import Candidates
-from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, RerankContext, StageSpec, register
-from sieve.pipeline.rerank_inputs import check_work
+from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, StageSpec, register
 from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.research.settings import LateCrossEncoderSettings
+from sieve.stages.ce import texts_reranker
 from sieve.stages.common import model_identity
 
 
@@ -32,16 +29,10 @@ def load(ctx: LoadContext) -> CrossEncoder | None:
                                         lengths=ctx.settings.ce_lengths(path))
 
 
-def rerank(ctx: RerankContext) -> list:
-    check_work(ctx.texts, ctx.model.lengths.max_length, ctx.max_tokens)
-    ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
-    return [LateCrossEncoderRerank(ctx.model, ctx.index, len(ctx.texts), ctx.options.batching.ce_tokens)]
-
-
 SPEC = register(StageSpec(
     name="ce_late", role=CROSS_ENCODER, summary="late-interaction cross-encoder over the top cmc_k",
     build=lambda ctx: [LateCrossEncoderRerank(ctx.model, ctx.index, ctx.k, ctx.options.batching.ce_tokens)],
-    load=load, rerank=rerank, identity=model_identity, settings=LateCrossEncoderSettings, research=True,
+    load=load, rerank=texts_reranker(LateCrossEncoderRerank), identity=model_identity, settings=LateCrossEncoderSettings, research=True,
     model_role="late_cross_encoder", reads=("ce_query_max_length", "ce_max_length", "ce_batch_size"),
     unavailable="ce (the server operator sets SIEVE_LATE_CE_PATH to a late-interaction checkpoint)",
 ))

@@ -24,16 +24,19 @@ def build(ctx) -> list:
     return [CrossEncoderRerank(ctx.model, ctx.index, ctx.k, ctx.options.batching.ce_tokens)]
 
 
-def rerank(ctx: RerankContext) -> list:
-    """The caller's texts in the caller's order, all of them scored."""
-    check_work(ctx.texts, ctx.model.lengths.max_length, ctx.max_tokens)
-    ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
-    return [CrossEncoderRerank(ctx.model, ctx.index, len(ctx.texts), ctx.options.batching.ce_tokens)]
+def texts_reranker(stage_class=CrossEncoderRerank):
+    """/rerank with a cross-encoder stage: the caller's texts in the caller's order, all of them scored."""
+
+    def rerank(ctx: RerankContext) -> list:
+        check_work(ctx.texts, ctx.model.lengths.max_length, ctx.max_tokens)
+        ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
+        return [stage_class(ctx.model, ctx.index, len(ctx.texts), ctx.options.batching.ce_tokens)]
+    return rerank
 
 
 SPEC = register(StageSpec(
     name="ce", role=CROSS_ENCODER, summary="cross-encoder over the top cmc_k (K') candidates",
-    build=build, load=load, rerank=rerank, identity=model_identity, model_role="cross_encoder",
+    build=build, load=load, rerank=texts_reranker(), identity=model_identity, model_role="cross_encoder",
     reads=("cross_encoder_enabled", "cross_encoder_path", "ce_query_max_length", "ce_max_length", "ce_batch_size",
            "ce_batch_tokens"),
     unavailable="false (the server operator sets SIEVE_CROSS_ENCODER_PATH to a local checkpoint directory)",
