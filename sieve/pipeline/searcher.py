@@ -25,6 +25,7 @@ from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.first_stage import HybridConfig, HybridRetrieve, LexicalRetrieve
 from sieve.pipeline.errors import QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.rerank_inputs import RerankItem, check_work, indexed_rows, rerank_candidates, resolve_texts
+from sieve.pipeline.remote_ce import RemoteCrossEncoder, RemoteCrossEncoderRerank
 from sieve.pipeline.rerankers import LateCrossEncoderRerank, MixRerank, locked_copy
 from sieve.pipeline.runner import run_stage
 from sieve.pipeline.stages import CMCRerank, CrossEncoderRerank, Retrieve, Stage
@@ -84,7 +85,7 @@ class Searcher:
                  batching: BatchConfig = BatchConfig(), stage_budgets_ms: dict[str, float] | None = None,
                  embedding_cache: EmbeddingCache | None = None, anncur: AnnCUR | None = None,
                  mix: MixRuntime | None = None, late_ce: CrossEncoder | None = None,
-                 hybrid: HybridConfig = HybridConfig()):
+                 hybrid: HybridConfig = HybridConfig(), remote_ce: RemoteCrossEncoder | None = None):
         # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
         self.biencoder, self.cmc, self.cross_encoder = with_locked_tokenizers(biencoder, cmc, cross_encoder)
         self.index = index
@@ -96,6 +97,7 @@ class Searcher:
         self.anncur = self.locked_anncur(anncur, cross_encoder)
         self.mix, self.late_ce = locked_copy(mix), locked_copy(late_ce)
         self.hybrid = hybrid
+        self.remote_ce = remote_ce  # remote-ce wiring: set = the "ce" stage runs on another server (SIEVE_CE_URL)
 
     def locked_anncur(self, anncur: AnnCUR | None, cross_encoder) -> AnnCUR | None:
         """annCUR's cross-encoder with a locked tokenizer: the CE stage's own copy when it is the same model."""
@@ -107,6 +109,8 @@ class Searcher:
 
     def close(self) -> None:
         self.runners.close()
+        if self.remote_ce is not None:  # remote-ce wiring
+            self.remote_ce.close()
 
     @staticmethod
     def normalise(query: str) -> str:
@@ -205,6 +209,8 @@ class Searcher:
     def ce_stage(self, model: str, index, k: int) -> Stage:
         if model == "ce_late":
             return LateCrossEncoderRerank(self.require_late_ce(), index, k, self.batching.ce_tokens)
+        if self.remote_ce is not None:  # remote-ce wiring
+            return RemoteCrossEncoderRerank(self.remote_ce, index, k, self.stage_budgets_ms)
         return CrossEncoderRerank(self.require_cross_encoder(), index, k, self.batching.ce_tokens)
 
     def search(self, params: SearchParams) -> Outcome:
@@ -283,9 +289,12 @@ class Searcher:
     def serves_cross_encoder(self, retriever: str | None, ce_model: str) -> bool:
         """Whether a /search that leaves cross_encoder unset gets it: a first stage other than annCUR retrieves
         and the chosen cross-encoder is loaded."""
-        return retriever != "anncur" and (self.late_ce if ce_model == "ce_late" else self.cross_encoder) is not None
+        ce = self.late_ce if ce_model == "ce_late" else (self.cross_encoder or self.remote_ce)  # remote-ce wiring
+        return retriever != "anncur" and ce is not None
 
-    def require_cross_encoder(self) -> CrossEncoder:
+    def require_cross_encoder(self) -> CrossEncoder | RemoteCrossEncoder:
+        if self.remote_ce is not None:  # remote-ce wiring
+            return self.remote_ce
         if self.cross_encoder is None:
             raise StageUnavailable(
                 "no cross-encoder is configured on this server", field="cross_encoder",

@@ -67,7 +67,8 @@ def fingerprint(components: Components, settings: Settings) -> str:
                   digest(json.dumps(built.record, sort_keys=True, default=str))]
     return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
                               model_identity(s.late_ce), model_identity(s.mix), anncur,
-                              settings.query_max_length, settings.query_overflow]))
+                              settings.query_max_length, settings.query_overflow]
+                             + ([s.remote_ce.identity()] if s.remote_ce else [])))  # remote-ce wiring
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:
@@ -76,6 +77,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     state.caches.fingerprint = fingerprint(components, settings)
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
+    if searcher.remote_ce is not None:  # remote-ce wiring
+        metrics.watch_remote_ce(searcher.remote_ce)
     state.auth = Authenticator(settings.keys())
     scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)

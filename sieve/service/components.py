@@ -14,6 +14,7 @@ from sieve.models.text_encoder import EncoderLengths, TextEncoder
 from sieve.pipeline.anncur_stage import AnnCUR
 from sieve.pipeline.searcher import Searcher
 from sieve.service.config import Settings
+from sieve.service.remote_stage import load_remote_ce
 from sieve.service.runtime import searcher_options
 
 log = logging.getLogger("sieve")
@@ -27,7 +28,7 @@ class Components:
     def model_names(self) -> dict[str, str | None]:
         s = self.searcher
         return {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
-                "cross_encoder": s.cross_encoder.name if s.cross_encoder else None,
+                "cross_encoder": s.cross_encoder.name if s.cross_encoder else (s.remote_ce and s.remote_ce.name),
                 "anncur": s.anncur.cross_encoder.name if s.anncur else None,
                 "late_cross_encoder": s.late_ce.name if s.late_ce else None, "mix": s.mix.name if s.mix else None}
 
@@ -53,8 +54,8 @@ def load_components(settings: Settings) -> Components:
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
                              nprobe=settings.nprobe, ef_search=settings.ef_search)
     cmc = load_cmc_stage(settings, biencoder, index) if settings.cmc_enabled else None
-    cross_encoder = None
-    if (ce_path := settings.resolved_cross_encoder_path()) is not None:
+    cross_encoder, remote_ce = None, load_remote_ce(settings)  # remote-ce wiring: SIEVE_CE_URL set = no local CE
+    if remote_ce is None and (ce_path := settings.resolved_cross_encoder_path()) is not None:
         cross_encoder = CrossEncoder.from_pretrained(
             ce_path, lengths=settings.ce_lengths(ce_path),
             device=device, batch_size=settings.ce_batch_size)
@@ -62,7 +63,7 @@ def load_components(settings: Settings) -> Components:
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
     late_ce, mix = load_late_ce(settings, device), load_mix(settings, device, index)
     searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, mix=mix, late_ce=late_ce,
-                        **searcher_options(settings))
+                        remote_ce=remote_ce, **searcher_options(settings))
     return Components(searcher, str(device))
 
 
