@@ -2,9 +2,9 @@
 
     python tests/stub_reranker.py PORT MODE [FAIL_FIRST]
 
-MODE: `tei` (TEI's /rerank: [{index, score}]), `cohere` (Cohere v2: {results: [{index, relevance_score}]}) or
-`stall` (reads the request, then sleeps 120 s before answering). The score of a text is its length in characters,
-so a test knows the ranking it must see. The first FAIL_FIRST requests are answered 503 (a flaky server).
+MODE: `tei` (TEI's /rerank: [{index, score}]), `cohere` (Cohere v2: {results: [{index, relevance_score}]}),
+`stall` (reads the request, then sleeps 120 s before answering) or `garbage` (200 with a body in no rerank shape).
+The score of a text is its length in characters, so a test knows the ranking it must see. The first FAIL_FIRST requests are answered 503 (a flaky server).
 Every request received is appended to stdout as one line, so a test can count them."""
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(120)
         if n <= server.fail_first:
             return self.answer(503, {"error": "warming up"})
+        if server.mode == "garbage":
+            return self.answer(200, {"results": "not a list of scores"})
         texts = body["texts"] if server.mode == "tei" else body["documents"]
         ranked = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         if server.mode == "tei":

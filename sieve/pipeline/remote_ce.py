@@ -30,7 +30,7 @@ from sieve.pipeline.state import QueryState
 log = logging.getLogger("sieve.pipeline")
 SHAPES = ("cohere", "tei", "sieve")
 DEFAULT_PATHS = {"cohere": "/v2/rerank", "tei": "/rerank", "sieve": "/rerank"}  # when the URL names no path
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_STATUS = {408, 429}  # and every 5xx
 MIN_ATTEMPT_S = 0.005  # a retry that would have less time than this is not tried
 
 
@@ -117,6 +117,7 @@ class RemoteCrossEncoder:
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=config.max_connections)
         self.client = httpx.Client(headers=headers, limits=limits, transport=transport)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # else one INFO line per call: the access log twice over
         self.on_outcome: Callable[[str], None] = lambda outcome: None
         self.on_retry: Callable[[], None] = lambda: None
 
@@ -140,10 +141,13 @@ class RemoteCrossEncoder:
             raise RemoteFailed("short_circuited", "circuit breaker open after consecutive failures", breaker=False)
         try:
             scores = self.call_with_retries(query, texts, deadline)
-        except RemoteFailed as exc:
-            self.breaker.failure() if exc.breaker else self.breaker.success()
-            self.on_outcome(exc.outcome)
-            raise
+        except Exception as exc:  # anything unforeseen too: a half-open probe must always report back
+            failed = exc if isinstance(exc, RemoteFailed) else RemoteFailed("error", f"{type(exc).__name__}: {exc}")
+            self.breaker.failure() if failed.breaker else self.breaker.success()
+            self.on_outcome(failed.outcome)
+            if failed is exc:
+                raise
+            raise failed from exc
         self.breaker.success()
         self.on_outcome("ok")
         return scores
@@ -174,9 +178,9 @@ class RemoteCrossEncoder:
             response = self.client.post(self.endpoint, json=body, timeout=timeout_s)
         except httpx.TimeoutException as exc:
             raise RemoteFailed("timeout", f"no answer within {timeout_s * 1000:.0f} ms ({type(exc).__name__})")
-        except httpx.TransportError as exc:
+        except httpx.HTTPError as exc:
             raise RemoteFailed("error", f"{type(exc).__name__}: {exc}")
-        if response.status_code in RETRY_STATUS:
+        if response.status_code in RETRY_STATUS or response.status_code >= 500:
             raise RemoteFailed("error", f"HTTP {response.status_code}")
         if response.status_code >= 400:
             raise RemoteFailed("rejected", f"HTTP {response.status_code}: {response.text[:300]}", breaker=False)

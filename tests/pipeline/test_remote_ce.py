@@ -134,6 +134,14 @@ def test_a_flaky_server_is_retried_with_backoff_while_time_remains(stub):
     assert len(retries) == 2 and server.requests() == 3
 
 
+def test_an_unreadable_answer_is_not_retried_and_counts_against_the_remote(stub):
+    server = stub("garbage")
+    client = remote(server.port, retries=3, failures_to_open=1)
+    with pytest.raises(RemoteFailed) as raised:
+        client.score("q", TEXTS, time.monotonic() + 30)
+    assert raised.value.outcome == "malformed" and server.requests() == 1 and client.breaker.state == "open"
+
+
 def test_no_retry_when_its_backoff_would_pass_the_deadline(stub):
     server = stub("tei", fail_first=5)
     client = remote(server.port, retries=5, backoff_s=2.0)
