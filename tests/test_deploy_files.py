@@ -25,6 +25,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DEMO_CORPUS = ROOT / "sieve" / "demo_corpus.jsonl"
 APP_SERVICE = "sieve"  # the compose service that runs the Dockerfile's image
+CE_SERVICE = "sieve-ce"  # the same image serving only its cross-encoder, called by APP_SERVICE (SIEVE_CE_URL)
 SIEVE_VAR = re.compile(r"\bSIEVE_[A-Z0-9_]+")
 COMPOSE_DEFAULT = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")  # ${VAR:-default} / ${VAR-default} / ${VAR}
 
@@ -222,15 +223,23 @@ def test_every_sieve_variable_is_a_settings_field():
         assert not unknown, f"{path.name} uses SIEVE_* names Settings does not have: {unknown}"
 
 
-def test_deploy_environment_values_validate(docker, compose, monkeypatch):
-    """The values, not only the names: Settings must accept what the image and compose set."""
+def service_settings(docker, compose, name: str) -> Settings:
+    """The Settings a compose service running the image starts with (the image's ENV, then the service's)."""
     env = {k: v for k, v in dockerfile_env(docker).items() if k.startswith("SIEVE_")}
-    env.update({k: compose_value(v) for k, v in compose["services"][APP_SERVICE]["environment"].items()
+    env.update({k: compose_value(v) for k, v in compose["services"][name]["environment"].items()
                 if k.startswith("SIEVE_")})
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    settings = Settings()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        settings = Settings()
     assert str(settings.index_dir) == env["SIEVE_INDEX_DIR"]
+    return settings
+
+
+@pytest.mark.parametrize("name", [APP_SERVICE, CE_SERVICE])
+def test_deploy_environment_values_validate(docker, compose, name):
+    """The values, not only the names: Settings must accept what the image and compose set."""
+    settings = service_settings(docker, compose, name)
     assert settings.host == "0.0.0.0", "inside a container the server must bind all interfaces"
 
 
@@ -258,7 +267,7 @@ def test_health_probes_hit_declared_routes_on_the_app_port(docker, compose, app_
 
 def test_every_compose_service_has_a_healthcheck(compose):
     services = compose["services"]
-    assert {APP_SERVICE, "redis", "prometheus"} <= set(services)
+    assert {APP_SERVICE, CE_SERVICE, "redis", "prometheus"} <= set(services)
     for name, service in services.items():
         check = service.get("healthcheck") or {}
         assert not check.get("disable"), f"{name}: healthcheck disabled"
@@ -278,6 +287,26 @@ def test_bind_mounts_exist(compose):
                 assert (ROOT / source).resolve().exists(), f"{name}: mounts missing {source}"
             else:
                 assert source in (compose.get("volumes") or {}), f"{name}: named volume {source} is not declared"
+
+
+def test_compose_front_calls_the_cross_encoder_service(docker, compose, app_port):
+    """The front's SIEVE_CE_URL names the CE service on the port it serves; that service runs `sieve serve` with a
+    cross-encoder loaded in-process (not another remote), probes /readyz, and starts once the front built the index."""
+    from sieve.cli import build_parser
+    from sieve.pipeline.remote_ce import endpoint_url
+
+    front, ce = service_settings(docker, compose, APP_SERVICE), service_settings(docker, compose, CE_SERVICE)
+    url = endpoint_url(front.ce_url, front.ce_shape)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    assert host == CE_SERVICE and int(port) == ce.port == app_port
+    assert front.ce_shape == "sieve" and url.endswith("/rerank") and "/rerank" in declared_routes()
+    service = compose["services"][CE_SERVICE]
+    assert build_parser().parse_args(service["command"][1:]).command == "serve"
+    assert service["image"] == compose["services"][APP_SERVICE]["image"]
+    assert ce.ce_url is None and ce.cross_encoder_enabled and ce.resolved_cross_encoder_path() is not None
+    assert f":{ce.port}/readyz" in healthcheck_text(service["healthcheck"]["test"])
+    assert service["depends_on"][APP_SERVICE]["condition"] == "service_healthy"
+    assert "sieve-data:/data" in service["volumes"] and str(ce.index_dir).startswith("/data/")
 
 
 # ---------------------------------------------------------------- (f) Prometheus scrapes the app
@@ -380,33 +409,52 @@ def test_no_alert_or_panel_papers_over_a_missing_series_with_a_constant():
 
 # ---------------------------------------------------------------- (i) Kubernetes manifests
 
-def k8s_documents() -> dict[str, dict]:
+K8S_APPS = {"sieve": "sieve-config", "sieve-ce": "sieve-ce-config"}  # Deployment -> its ConfigMap
+
+
+def k8s_documents() -> dict[tuple[str, str], dict]:
+    """(kind, name) -> object, over every document of every manifest."""
     docs = {}
     for path in sorted(K8S.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            docs[doc["kind"]] = doc
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in docs, f"{key} defined twice"
+            docs[key] = doc
     return docs
 
 
 def test_k8s_manifests_validate_against_the_kubernetes_schemas():
     """kubernetes-validate ships the official OpenAPI-derived JSON schemas; strict = unknown fields are errors."""
     docs = k8s_documents()
-    assert set(docs) == {"ConfigMap", "Deployment", "Service", "PersistentVolumeClaim", "HorizontalPodAutoscaler"}
-    for kind, doc in docs.items():
+    assert set(docs) == {("PersistentVolumeClaim", "sieve-data")} | {
+        (kind, app) for app in K8S_APPS for kind in ("Deployment", "Service", "HorizontalPodAutoscaler")} | {
+        ("ConfigMap", config) for config in K8S_APPS.values()}
+    for doc in docs.values():
         kv.validate(doc, kv.latest_version(), strict=True)  # raises ValidationError naming the bad field
 
 
 def test_k8s_schema_check_catches_a_broken_manifest():
-    broken = k8s_documents()["Deployment"]
+    broken = k8s_documents()[("Deployment", "sieve")]
     broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pth"] = "/readyz"
     with pytest.raises(kv.ValidationError):
         kv.validate(broken, kv.latest_version(), strict=True)
 
 
-def test_k8s_objects_reference_each_other_the_routes_and_the_settings(docker, app_port, monkeypatch):
+def k8s_settings(config: dict) -> Settings:
+    unknown = [k for k in config if k.removeprefix("SIEVE_").lower() not in Settings.model_fields]
+    assert not unknown, f"ConfigMap keys that are not settings: {unknown}"
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in config.items():
+            patch.setenv(name, value)
+        return Settings()
+
+
+@pytest.mark.parametrize("app", K8S_APPS)
+def test_k8s_objects_reference_each_other_the_routes_and_the_settings(docker, app_port, app):
     from sieve.cli import build_parser
 
-    docs = k8s_documents()
+    docs = {kind: doc for (kind, name), doc in k8s_documents().items()
+            if name == app or (kind, name) in {("ConfigMap", K8S_APPS[app]), ("PersistentVolumeClaim", "sieve-data")}}
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert docs["Deployment"]["spec"]["selector"]["matchLabels"].items() <= \
@@ -424,11 +472,31 @@ def test_k8s_objects_reference_each_other_the_routes_and_the_settings(docker, ap
     assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
     assert container["envFrom"][0]["configMapRef"]["name"] == docs["ConfigMap"]["metadata"]["name"]
     assert build_parser().parse_args(container["command"][1:]).command == "serve"
-    config = docs["ConfigMap"]["data"]
-    unknown = [k for k in config if k.removeprefix("SIEVE_").lower() not in Settings.model_fields]
-    assert not unknown, f"ConfigMap keys that are not settings: {unknown}"
-    for name, value in config.items():
-        monkeypatch.setenv(name, value)
-    settings = Settings()
+    settings = k8s_settings(docs["ConfigMap"]["data"])
     assert settings.port == app_port and settings.host == "0.0.0.0"
     assert str(settings.index_dir).startswith(container["volumeMounts"][0]["mountPath"])
+
+
+def test_k8s_front_calls_the_cross_encoder_deployment_on_a_gpu_node(app_port):
+    """The front's SIEVE_CE_URL is the CE Service's name and port; the CE pods load their cross-encoder in-process on
+    a GPU node (node selector + nvidia.com/gpu request); its HPA scales on a latency series the app exports."""
+    from sieve.pipeline.remote_ce import endpoint_url
+
+    docs = k8s_documents()
+    front, ce = k8s_settings(docs[("ConfigMap", "sieve-config")]["data"]), k8s_settings(docs[("ConfigMap", "sieve-ce-config")]["data"])
+    url = endpoint_url(front.ce_url, front.ce_shape)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    service = docs[("Service", "sieve-ce")]["spec"]
+    assert host == "sieve-ce" and int(port) == service["ports"][0]["port"] and url.endswith("/rerank")
+    assert ce.ce_url is None and ce.cross_encoder_enabled and ce.device.startswith("cuda")
+    pod = docs[("Deployment", "sieve-ce")]["spec"]["template"]["spec"]
+    assert any(key.startswith("nvidia.com/gpu") for key in pod["nodeSelector"])
+    resources = pod["containers"][0]["resources"]
+    assert int(resources["requests"]["nvidia.com/gpu"]) >= 1 and resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
+    hpa = docs[("HorizontalPodAutoscaler", "sieve-ce")]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "sieve-ce"
+    assert [m["type"] for m in hpa["spec"]["metrics"]] == ["Pods"], "the CE scales on its latency, not on CPU"
+    series = hpa["metadata"]["annotations"]["sieve.dev/latency-series"]
+    name, endpoint = re.fullmatch(r'(\w+)\{endpoint="([^"]+)"\}', series).groups()
+    assert name in (ROOT / "sieve" / "service" / "metrics.py").read_text() and endpoint in declared_routes()
+    assert f'seriesQuery: \'{name}_bucket{{endpoint="{endpoint}"}}\'' in (K8S / "ce.yaml").read_text()

@@ -24,7 +24,8 @@ def run_stage(stage, state: QueryState, runners: Runners, budgets_ms: dict[str, 
         return skip(stage, state)
     if getattr(stage, "batch_key", None) is None:
         state = stage(state)
-        state.ran.append(stage.name)
+        if stage.name not in state.skipped:  # an unbatched stage may skip itself (pipeline/remote_ce.py)
+            state.ran.append(stage.name)
         return state
     with state.timed(stage.name):
         future = runners.get(stage.batch_key, stage.compute).submit(stage.prepare(state))

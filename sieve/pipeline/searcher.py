@@ -23,6 +23,7 @@ from sieve.pipeline.batching import BatchConfig, Runners
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.errors import QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.first_stage import HybridConfig
+from sieve.pipeline.remote_ce import RemoteCrossEncoder
 from sieve.pipeline.registry import CROSS_ENCODER, RERANKER, RETRIEVER, BuildContext, RerankContext, StageSpec
 from sieve.pipeline.rerank_inputs import RerankItem, resolve_texts
 from sieve.pipeline.runner import run_stage
@@ -79,6 +80,7 @@ class SearchOptions:
 
     batching: BatchConfig = BatchConfig()
     hybrid: HybridConfig = HybridConfig()
+    stage_budgets_ms: dict = field(default_factory=dict)
 
 
 class Searcher:
@@ -98,7 +100,7 @@ class Searcher:
         self.models = {name: locks.locked(model) for name, model in models.items() if model is not None}
         self.index = index
         self.query_overflow = query_overflow
-        self.options = SearchOptions(batching, hybrid)
+        self.options = SearchOptions(batching, hybrid, dict(stage_budgets_ms or {}))
         self.stage_budgets_ms = dict(stage_budgets_ms or {})
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
@@ -113,7 +115,15 @@ class Searcher:
 
     @property
     def cross_encoder(self) -> CrossEncoder | None:
-        return self.models.get("ce")
+        """The in-process cross-encoder (None when the "ce" stage runs on a remote server)."""
+        model = self.models.get("ce")
+        return None if isinstance(model, RemoteCrossEncoder) else model
+
+    @property
+    def remote_ce(self) -> RemoteCrossEncoder | None:
+        """The remote cross-encoder the "ce" stage calls (SIEVE_CE_URL), else None."""
+        model = self.models.get("ce")
+        return model if isinstance(model, RemoteCrossEncoder) else None
 
     def close(self) -> None:
         self.runners.close()

@@ -66,6 +66,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     state.caches.fingerprint = fingerprint(components, settings)
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
+    if searcher.remote_ce is not None:  # the "ce" stage on another server: its calls and breaker
+        metrics.watch_remote_ce(searcher.remote_ce)
     state.auth = Authenticator(settings.keys())
     scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)

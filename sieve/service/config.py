@@ -48,6 +48,16 @@ class Settings(BaseSettings):
     ce_batch_size: int = Field(16, ge=1, le=1024, description="Pairs per cross-encoder forward pass outside serving (training, distillation teachers, annCUR scoring); serving packs pairs by SIEVE_CE_BATCH_TOKENS.")
     # the research stages (annCUR, MixEncoder, late-interaction cross-encoder) have their own settings classes in
     # sieve/research/settings.py; every stage's settings are listed in docs/configuration.md
+    # the cross-encoder stage on another server (pipeline/remote_ce.py, docs/remote-cross-encoder.md)
+    ce_url: str | None = Field(None, description="Rerank endpoint of a remote cross-encoder (TEI, infinity, Cohere-compatible, another Sieve); set = the \"ce\" stage calls it and no in-process cross-encoder is loaded; a URL without a path gets the shape's usual one.")
+    ce_shape: Literal["cohere", "tei", "sieve"] = Field("sieve", description="Request/answer format of SIEVE_CE_URL: cohere (v2 rerank; infinity too), tei (Hugging Face TEI /rerank), sieve (another Sieve's /rerank).")
+    ce_model_name: str = Field("ce", description="The `model` sent to a cohere- or sieve-shaped SIEVE_CE_URL (e.g. rerank-v3.5, the model id infinity serves, ce).")
+    ce_api_key: SecretStr | None = Field(None, description="Bearer key sent to SIEVE_CE_URL (never logged).")
+    ce_timeout_ms: int = Field(10_000, ge=1, description="Longest a remote cross-encoder call may take when the request has no deadline (with one: what is left of it).")
+    ce_retries: int = Field(2, ge=0, le=10, description="Retries of a failed remote call (connection error, 429, 5xx), each only while time remains.")
+    ce_retry_backoff_ms: float = Field(50.0, ge=0, description="Wait before the first retry; doubled for each next one (with jitter).")
+    ce_breaker_failures: int = Field(5, ge=1, description="Failed remote calls in a row that open the circuit breaker (calls then skip the stage at once).")
+    ce_breaker_open_s: float = Field(10.0, ge=0, description="How long the breaker stays open before one probe call is let through.")
     # request limits
     max_top_k: int = Field(1000, ge=1, description="Largest `top_k` a /search may ask for; more = 422.")
     max_retrieve_k: int = Field(16384, ge=1, description="Largest `retrieve_k` a /search may ask for; more = 422.")
@@ -96,10 +106,21 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="Log level of the server and uvicorn (debug, info, warning, error).")
 
     @field_validator("model_path", "cmc_path", "cross_encoder_path", "ce_query_max_length", "ce_max_length",
-                     "redis_url", "api_keys", "api_keys_file", "default_timeout_ms", "rate_limit_per_s", mode="before")
+                     "redis_url", "api_keys", "api_keys_file", "ce_url", "ce_api_key", "default_timeout_ms",
+                     "rate_limit_per_s", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
         return None if value == "" else value
+
+    @field_validator("ce_url", mode="after")
+    @classmethod
+    def remote_url(cls, value):
+        """An http(s) URL with a host, checked at start-up rather than on the first request."""
+        if value is not None:
+            from sieve.pipeline.remote_ce import endpoint_url
+
+            endpoint_url(value, "sieve")
+        return value
 
     @field_validator("cmc_path", "cross_encoder_path", mode="after")
     @classmethod

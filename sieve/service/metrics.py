@@ -38,6 +38,13 @@ class Metrics:
                                     ["op"], registry=r)
         self.index_commit = Histogram("sieve_index_commit_seconds", "Time to write and swap in one index version.",
                                       buckets=LATENCY_BUCKETS, registry=r)
+        # calls to SIEVE_CE_URL by outcome, retries, and the circuit breaker
+        self.remote_ce_calls = Counter("sieve_remote_ce_calls_total", "Remote cross-encoder calls by outcome (ok, "
+                                       "error, timeout, late, rejected, malformed, short_circuited).", ["outcome"], registry=r)
+        self.remote_ce_retries = Counter("sieve_remote_ce_retries_total", "Retries of failed remote cross-encoder calls.",
+                                         registry=r)
+        self.remote_ce_open = Gauge("sieve_remote_ce_breaker_open", "1 while the remote cross-encoder's circuit breaker "
+                                    "is open or half-open, 0 when closed.", registry=r)
         for reason in ("unauthorized", "rate_limited", "overloaded", "too_large"):
             self.rejected.labels(reason=reason)  # exported at 0 from the start, so rate() has a series
 
@@ -49,6 +56,13 @@ class Metrics:
 
     def observe_batch(self, model: str, size: int) -> None:
         self.batch_size.labels(model=model.rsplit(":", 1)[0]).observe(size)  # runner key less the object id
+
+    def watch_remote_ce(self, remote) -> None:
+        """Count the client's calls and retries; the breaker gauge is read at scrape time."""
+        remote.on_outcome = lambda outcome: self.remote_ce_calls.labels(outcome=outcome).inc()
+        remote.on_retry = self.remote_ce_retries.inc
+        self.remote_ce_calls.labels(outcome="ok")  # exported at 0 from the start
+        self.remote_ce_open.set_function(lambda: float(remote.breaker.state != "closed"))
 
     def set_index(self, index) -> None:
         self.index_size.set(index.size)

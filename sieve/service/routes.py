@@ -148,8 +148,8 @@ def sieve_model(name: str, searcher) -> str:
     spec = registry.get(name)
     if spec is not None and spec.rerank is not None:
         return name
-    if name.startswith("rerank-"):
-        return "ce" if searcher.cross_encoder is not None else "cmc"
+    if name.startswith("rerank-"):  # the cross-encoder when the "ce" stage has one, in-process or remote
+        return "ce" if searcher.serves_cross_encoder(None, "ce") else "cmc"
     raise RequestError(f"model {name!r} is not supported", field="model",
                        allowed="ce | cmc | a Cohere name rerank-* (the cross-encoder when loaded, else cmc)")
 
@@ -187,9 +187,10 @@ def healthz():
 @router.get("/readyz", response_model=schemas.Ready, tags=["health"])
 def readyz(components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded."""
-    index = components.searcher.index
+    index, remote = components.searcher.index, components.searcher.remote_ce
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
-                         models=components.model_names(), stages=components.stage_names(), device=components.device)
+                         models=components.model_names(), stages=components.stage_names(), device=components.device,
+                         remote_cross_encoder=remote.status() if remote else None)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

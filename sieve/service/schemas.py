@@ -240,6 +240,17 @@ class Health(Reply):
     status: Literal["ok"] = Field("ok", description="Always ok while the process answers.")
 
 
+class RemoteCrossEncoderStatus(Reply):
+    url: str = Field(..., description="The remote rerank endpoint (SIEVE_CE_URL, without credentials).")
+    shape: Literal["cohere", "tei", "sieve"] = Field(..., description="Its request/answer format (SIEVE_CE_SHAPE).")
+    model: str = Field(..., description="The model name sent to it (SIEVE_CE_MODEL_NAME; unused by tei).")
+    state: Literal["closed", "open", "half_open"] = Field(..., description="Circuit breaker: closed = calls go out; "
+                                                          "open = the stage is skipped at once; half_open = one probe call is let through.")
+    consecutive_failures: int = Field(..., description="Failed calls in a row (SIEVE_CE_BREAKER_FAILURES opens the breaker).")
+    opened_total: int = Field(..., description="Times the breaker opened since the server started.")
+    retry_in_s: float | None = Field(None, description="While open: seconds until a probe call is let through.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -250,3 +261,6 @@ class Ready(Reply):
     stages: dict[str, list[str]] = Field(..., description="Stages this server can run, by role (retriever, reranker, "
                                          "cross_encoder): each registered stage whose model is loaded or that needs none.")
     device: str = Field(..., description="Torch device the models run on.")
+    remote_cross_encoder: RemoteCrossEncoderStatus | None = Field(
+        None, description="The remote cross-encoder and its circuit breaker, when SIEVE_CE_URL is set; the server "
+                          "stays ready while it is down (answers are then partial, skipping ce).")

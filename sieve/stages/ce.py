@@ -1,18 +1,37 @@
 """ce: the cross-encoder jointly encodes (query, document) for the head of the list (K' = cmc_k candidates); any
-local Hugging Face sequence-classification checkpoint, or one of Sieve's heads (sieve/models/ce_heads.py)."""
+local Hugging Face sequence-classification checkpoint, or one of Sieve's heads (sieve/models/ce_heads.py), or a
+remote rerank server (SIEVE_CE_URL: TEI, infinity, Cohere-compatible, another Sieve; sieve/pipeline/remote_ce.py)."""
 from __future__ import annotations
 
 import numpy as np
 
-from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, RerankContext, StageSpec, register
+from sieve.pipeline.remote_ce import RemoteConfig, RemoteCrossEncoder, RemoteCrossEncoderRerank
 from sieve.pipeline.rerank_inputs import check_work
 from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.stages.common import model_identity
 
 
-def load(ctx: LoadContext) -> CrossEncoder | None:
+def load_remote(settings) -> RemoteCrossEncoder | None:
+    """The client for SIEVE_CE_URL (docs/remote-cross-encoder.md); None when it is unset."""
+    if settings.ce_url is None:
+        return None
+    config = RemoteConfig(
+        url=settings.ce_url, shape=settings.ce_shape, model=settings.ce_model_name,
+        api_key=settings.ce_api_key.get_secret_value() if settings.ce_api_key else None,
+        timeout_s=settings.ce_timeout_ms / 1000, retries=settings.ce_retries,
+        backoff_s=settings.ce_retry_backoff_ms / 1000, failures_to_open=settings.ce_breaker_failures,
+        open_s=settings.ce_breaker_open_s, max_connections=settings.max_inflight,
+        lengths=PairLengths(settings.ce_query_max_length or 64, settings.ce_max_length or 512))
+    return RemoteCrossEncoder(config)
+
+
+def load(ctx: LoadContext) -> CrossEncoder | RemoteCrossEncoder | None:
+    """SIEVE_CE_URL set: the remote cross-encoder (no model loaded here); else the local checkpoint."""
+    if (remote := load_remote(ctx.settings)) is not None:
+        return remote
     path = ctx.settings.resolved_cross_encoder_path()
     if path is None:
         return None
@@ -20,24 +39,37 @@ def load(ctx: LoadContext) -> CrossEncoder | None:
                                         batch_size=ctx.settings.ce_batch_size)
 
 
+def stage_for(model, index, k: int, options):
+    if isinstance(model, RemoteCrossEncoder):
+        return RemoteCrossEncoderRerank(model, index, k, options.stage_budgets_ms)
+    return CrossEncoderRerank(model, index, k, options.batching.ce_tokens)
+
+
 def build(ctx) -> list:
-    return [CrossEncoderRerank(ctx.model, ctx.index, ctx.k, ctx.options.batching.ce_tokens)]
+    return [stage_for(ctx.model, ctx.index, ctx.k, ctx.options)]
 
 
-def texts_reranker(stage_class=CrossEncoderRerank):
+def texts_reranker(stage_class=None):
     """/rerank with a cross-encoder stage: the caller's texts in the caller's order, all of them scored."""
 
     def rerank(ctx: RerankContext) -> list:
         check_work(ctx.texts, ctx.model.lengths.max_length, ctx.max_tokens)
         ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
+        if stage_class is None:
+            return [stage_for(ctx.model, ctx.index, len(ctx.texts), ctx.options)]
         return [stage_class(ctx.model, ctx.index, len(ctx.texts), ctx.options.batching.ce_tokens)]
     return rerank
 
 
+def identity(model) -> list | None:
+    return model.identity() if isinstance(model, RemoteCrossEncoder) else model_identity(model)
+
+
 SPEC = register(StageSpec(
     name="ce", role=CROSS_ENCODER, summary="cross-encoder over the top cmc_k (K') candidates",
-    build=build, load=load, rerank=texts_reranker(), identity=model_identity, model_role="cross_encoder",
+    build=build, load=load, rerank=texts_reranker(), identity=identity, model_role="cross_encoder",
     reads=("cross_encoder_enabled", "cross_encoder_path", "ce_query_max_length", "ce_max_length", "ce_batch_size",
-           "ce_batch_tokens"),
+           "ce_batch_tokens", "ce_url", "ce_shape", "ce_model_name", "ce_api_key", "ce_timeout_ms", "ce_retries",
+           "ce_retry_backoff_ms", "ce_breaker_failures", "ce_breaker_open_s"),
     unavailable="false (the server operator sets SIEVE_CROSS_ENCODER_PATH to a local checkpoint directory)",
 ))
