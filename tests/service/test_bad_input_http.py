@@ -17,7 +17,7 @@ def error_of(response, status: int) -> dict:
     ({"query": "ok", "top_k": 0}, "top_k"),
     ({"query": "ok", "top_k": -3}, "top_k"),
     ({"query": "ok", "retrieve_k": 0}, "retrieve_k"),
-    ({"query": "ok", "rerank": "bm25"}, "rerank"),
+    ({"query": "ok", "rerank": "no such stage!"}, "rerank"),  # not a stage name at all
     ({"query": "ok", "colour": "blue"}, "colour"),
     ({"query": 12}, "query"),
     ({}, "query"),
@@ -26,6 +26,21 @@ def test_invalid_search_fields(client, body, field):
     error = error_of(client.post("/search", json=body), 422)
     assert error["code"] == "validation_error"
     assert any(d["field"] == field for d in error["details"]), error
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"query": "ok", "rerank": "bm25"}, "rerank"),  # a registered stage, but a retriever
+    ({"query": "ok", "retriever": "cmc"}, "retriever"),
+    ({"query": "ok", "retriever": "colbert"}, "retriever"),
+    ({"query": "ok", "cross_encoder": True, "ce_model": "cmc"}, "ce_model"),
+])
+def test_stage_names_outside_the_registry_role(client, body, field):
+    """Stage names are checked against the stage registry: 422 naming the field and the stages it may name."""
+    error = error_of(client.post("/search", json=body), 422)
+    assert error["code"] == "invalid_request" and error["field"] == field
+    allowed = error["allowed"].split(" | ")
+    assert body[field] not in allowed
+    assert {"retriever": {"be", "bm25", "hybrid"}, "rerank": {"cmc", "none"}, "ce_model": {"ce"}}[field] <= set(allowed)
 
 
 def test_whitespace_query(client):
