@@ -85,12 +85,12 @@ def _gather(live: LiveVersion, specs: list[dict]) -> _Gathered:
 
 
 @contextlib.contextmanager
-def _merge_lock(index_dir: Path) -> Iterator[bool]:
-    """One merge at a time per index (across processes); yields False when another one is running."""
+def _merge_lock(index_dir: Path, wait: bool) -> Iterator[bool]:
+    """One merge at a time per index (across processes); yields False when another one runs and `wait` is False."""
     index_dir.mkdir(parents=True, exist_ok=True)
     with open(index_dir / ".merge.lock", "a+") as f:
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
@@ -112,11 +112,12 @@ def _snapshot(index_dir: Path) -> LiveVersion:
     raise AssertionError("unreachable")
 
 
-def merge(index_dir: str | Path, pick: Callable[[Manifest], tuple[int, int] | None]) -> Manifest | None:
-    """Merge the run of segments `pick` chooses from the live manifest; None if nothing was due, another merge runs,
-    or a concurrent merge changed the run meanwhile."""
+def merge(index_dir: str | Path, pick: Callable[[Manifest], tuple[int, int] | None],
+          wait: bool = False) -> Manifest | None:
+    """Merge the run of segments `pick` chooses from the live manifest; None if nothing was due, or another merge
+    runs (and `wait` is False)."""
     index_dir = Path(index_dir)
-    with _merge_lock(index_dir) as mine:
+    with _merge_lock(index_dir, wait) as mine:
         if not mine:
             return None
         snap = _snapshot(index_dir)
@@ -164,8 +165,9 @@ def _publish(index_dir: Path, staged: Path, specs: list[dict], got: _Gathered, a
 
 
 def compact(index_dir: str | Path) -> Manifest | None:
-    """Merge every segment into one and drop every deleted row; None when there is nothing to do."""
-    return merge(index_dir, lambda m: (0, len(m.segments)) if len(m.segments) > 1 or m.deleted else None)
+    """Merge every segment into one and drop every deleted row (waiting for a running merge first); None when the
+    index is one segment without deleted rows already."""
+    return merge(index_dir, lambda m: (0, len(m.segments)) if len(m.segments) > 1 or m.deleted else None, wait=True)
 
 
 def merge_if_due(index_dir: str | Path, policy: MergePolicy = MergePolicy()) -> Manifest | None:
