@@ -4,7 +4,9 @@ A version (DIR/versions/vNNNNNN/manifest.json) lists its segments, oldest first.
 write (or a build, or a merge) produced, kept in the directory of the version that produced it:
 
     embeddings.npy, stores/NAME.npy   the vectors (memory-mapped; exact search runs on them directly)
-    faiss.index                       an ANN structure (IVF or HNSW), only when the segment is large enough
+    faiss.index                       an ANN structure (IVF or HNSW), only when the segment is large enough; it
+                                      holds the float32 vectors itself, so such a segment has no embeddings.npy
+                                      (one copy on disk and in memory, read through the index: FaissRows)
     docs.sqlite                       ids, titles, texts by local row
     bm25/                             term frequencies for BM25 (index/lexical.py)
 
@@ -77,6 +79,41 @@ def _read_ids(conn: sqlite3.Connection, count: int, path: Path) -> list[str]:
     return [i for _, i in rows]
 
 
+class FaissRows:
+    """The vectors stored inside a FAISS index, read like a (rows, dim) float32 array (IVF: via its direct map)."""
+
+    def __init__(self, index: faiss.Index):
+        self.index = index
+        self.shape = (int(index.ntotal), int(index.d))
+        self.dtype = np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        ids = np.arange(self.shape[0], dtype=np.int64)[rows] if isinstance(rows, slice) else \
+            np.asarray(rows, dtype=np.int64)
+        if ids.ndim == 0:
+            return self.index.reconstruct(int(ids))
+        if len(ids) == 0:
+            return np.empty((0, self.shape[1]), np.float32)
+        return self.index.reconstruct_batch(ids)
+
+
+def read_faiss(path: Path) -> faiss.Index:
+    # IO_FLAG_MMAP_IFC maps the codes and inverted lists from the file instead of copying them: every version
+    # and every process that opens this segment shares one copy in the page cache.
+    return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+
+
+def open_vectors(seg_path: Path, store: str | None) -> np.ndarray | FaissRows:
+    """A segment's vectors of one store: the memory-mapped .npy, or (primary of an ANN segment) the FAISS index."""
+    path = store_path(seg_path, store)
+    if store is None and not path.exists() and (seg_path / FAISS_FILE).exists():
+        return FaissRows(read_faiss(seg_path / FAISS_FILE))
+    return open_embeddings(path)
+
+
 @dataclass(frozen=True)
 class SearchKnobs:
     use_gpu: bool = False
@@ -90,7 +127,7 @@ class Segment:
     def __init__(self, path: Path, spec: dict[str, Any], m: Manifest, knobs: SearchKnobs):
         self.path, self.name, self.rows, self.ann = path, spec["name"], int(spec["rows"]), spec.get("ann", "flat")
         self.knobs = knobs
-        self.embeddings = open_embeddings(store_path(path, None))
+        self.embeddings = open_vectors(path, None)
         _check_shape(self.embeddings, (self.rows, m.dim), store_path(path, None))
         self.stores = {}
         for name, ident in m.stores.items():
@@ -111,9 +148,7 @@ class Segment:
         self.search_lock = threading.Lock()  # FAISS GPU indexes do not allow concurrent searches
 
     def _read_faiss(self, path: Path, knobs: SearchKnobs):
-        # IO_FLAG_MMAP_IFC maps the codes and inverted lists from the file instead of copying them: every version
-        # and every process that opens this segment shares one copy in the page cache.
-        index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+        index = self.embeddings.index if isinstance(self.embeddings, FaissRows) else read_faiss(path)
         if index.ntotal != self.rows:
             raise IndexFormatError(f"{path} holds {index.ntotal} vectors, the manifest says {self.rows}; "
                                    "rebuild with `sieve index build`")
@@ -132,7 +167,11 @@ class Segment:
         return _keep_alive(scores, rows, alive, k)
 
     def _search_exact(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.embeddings.dtype == np.float32:  # FAISS's brute force straight on the memory map: no copy
+        if isinstance(self.embeddings, FaissRows):
+            ivf = faiss.try_extract_index_ivf(self.embeddings.index)
+            if ivf is not None:  # every list probed: exact
+                return self.embeddings.index.search(q, k, params=faiss.SearchParametersIVF(nprobe=ivf.nlist))
+        elif self.embeddings.dtype == np.float32:  # FAISS's brute force straight on the memory map: no copy
             return faiss.knn(q, self.embeddings, k, metric=faiss.METRIC_INNER_PRODUCT)
         return exact_top_k(q, row_chunks(self.embeddings), k)
 

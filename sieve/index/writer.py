@@ -18,7 +18,7 @@ from .errors import IndexDiskFullError
 from .layout import KEEP_VERSIONS, commit_version, current_version_dir, staging_dir
 from .lexical import LexicalConfig, write_lexical
 from .manifest import Manifest, read_manifest, utc_now, write_manifest
-from .segments import TOMBSTONES_FILE, local_tombstones, read_tombstones, segment_dir
+from .segments import TOMBSTONES_FILE, local_tombstones, open_vectors, read_tombstones, segment_dir
 from .storage import (DOCS_FILE, FAISS_FILE, connect_readonly, link_or_copy, open_embeddings, read_all_docs, store_path,
                       write_docs, write_embeddings)
 from .vectors import build_faiss
@@ -92,8 +92,8 @@ class LiveVersion:
             out += [d for r, d in enumerate(self.docs(spec["name"])) if r not in dead]
         return out
 
-    def embeddings(self, name: str, store: str | None = None) -> np.ndarray:
-        return open_embeddings(store_path(self.segment_path(name), store))
+    def embeddings(self, name: str, store: str | None = None):
+        return open_vectors(self.segment_path(name), store)
 
 
 def chained_hash(previous: str, added: Sequence[Document], removed: Iterable[str]) -> str:
@@ -157,19 +157,24 @@ def _stage_and_commit(index_dir: Path, tmp: Path, plan: VersionPlan, keep: int) 
 
 
 def write_segment(seg_dir: Path, seg: SegmentPlan, m: Manifest) -> None:
-    """A segment's files: documents, vectors, its ANN structure, its BM25 postings (the caller fsyncs)."""
+    """A segment's files: documents, vectors, its ANN structure, its BM25 postings (the caller fsyncs). An ANN
+    segment of float32 vectors keeps them in faiss.index only (no second copy in embeddings.npy)."""
     write_docs(seg_dir / DOCS_FILE, seg.docs)
+    in_faiss = seg.ann != "flat" and m.dtype == "float32"
     for name, rows in seg.arrays.items():
-        write_embeddings(store_path(seg_dir, name), rows.parts(), rows.shape, m.dtype)
+        if not (name is None and in_faiss):
+            write_embeddings(store_path(seg_dir, name), rows.parts(), rows.shape, m.dtype)
     if seg.ann != "flat":
-        _write_faiss(seg_dir, m, seg.ann, seg.faiss_params)
+        vectors = np.concatenate(list(seg.arrays[None].parts())) if in_faiss else \
+            open_embeddings(store_path(seg_dir, None))  # the stored (float16-rounded) rows: scores match embeddings()
+        _write_faiss(seg_dir, np.asarray(vectors, dtype=np.float32), seg.ann, seg.faiss_params)
     if m.lexical:  # same documents, same segment: dense and lexical move together
         write_lexical(seg_dir, seg.docs, LexicalConfig.from_dict(m.lexical))
 
 
-def _write_faiss(seg_dir: Path, m: Manifest, ann: str, params: dict) -> None:
-    # Built from the stored (possibly float16-rounded) rows so every rebuild
-    # of the same data gives the same index, and scores match embeddings().
-    emb = np.asarray(open_embeddings(store_path(seg_dir, None)), dtype=np.float32)
-    index = build_faiss(emb, ann, params)
+def _write_faiss(seg_dir: Path, vectors: np.ndarray, ann: str, params: dict) -> None:
+    index = build_faiss(vectors, ann, params)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.make_direct_map()  # row -> (list, offset), saved with the index: embeddings() reads rows from it
     faiss.write_index(index, str(seg_dir / FAISS_FILE))

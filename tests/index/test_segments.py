@@ -165,14 +165,19 @@ def test_auto_uses_ivf_from_the_threshold_and_hides_deleted_rows(tmp_path):
     apply_changes(path, [Document(f"d{i}", "", f"v{i}") for i in range(2900, 3000)], ["d0", "d1"], {"primary": enc})
     queries = vectors[:40] + 0.05
     exact = np.argsort(-(queries @ vectors[2:].T), axis=1)[:, :50] + 2  # doc rows of the live set, best first
-    with SearchIndex.load(path, nprobe=16) as index:
-        assert [s["ann"] for s in index.manifest.segments] == ["ivf", "flat"]
-        assert (path / "versions" / "v000001" / "faiss.index").is_file()
-        _, rows = index.search(queries, 50)
-        got = [set(index.ids(r)) for r in rows]
-        recall = np.mean([len(g & {f"d{i}" for i in e}) / 50 for g, e in zip(got, exact)])
-        assert recall >= 0.9, recall
-        assert not any({"d0", "d1"} & g for g in got)  # the IVF segment's tombstones, applied by a selector
+    for expected in (["ivf", "flat"], ["ivf"]):  # after a write, then after compaction
+        with SearchIndex.load(path, nprobe=16) as index:
+            assert [s["ann"] for s in index.manifest.segments] == expected
+            base = path / "versions" / index.manifest.segments[0]["name"]
+            # the IVF index holds the vectors: no second copy, and embeddings() reads them from it
+            assert (base / "faiss.index").is_file() and not (base / "embeddings.npy").exists()
+            np.testing.assert_array_equal(index.embeddings([0, 2997]), vectors[[2, 2999]])
+            _, rows = index.search(queries, 50)
+            got = [set(index.ids(r)) for r in rows]
+            recall = np.mean([len(g & {f"d{i}" for i in e}) / 50 for g, e in zip(got, exact)])
+            assert recall >= 0.9, recall
+            assert not any({"d0", "d1"} & g for g in got)  # the IVF segment's tombstones, applied by a selector
+        compact(path)
 
 
 KILLED_MERGE = textwrap.dedent("""
