@@ -34,8 +34,12 @@ QUERIES, SEED = 60, 0
 # -- the stub encoder and corpus (deterministic per document number) -----------------------------------------
 @functools.lru_cache(maxsize=1)
 def cluster_centres() -> np.ndarray:
-    centres = np.random.default_rng(SEED).standard_normal((CLUSTERS, DIM), dtype=np.float32)
-    return centres / np.linalg.norm(centres, axis=1, keepdims=True)
+    """Two levels, as topics in real embeddings: 32 broad topics, each with 32 subtopics near it."""
+    rng = np.random.default_rng(SEED)
+    broad = rng.standard_normal((CLUSTERS // 32, DIM), dtype=np.float32)
+    broad /= np.linalg.norm(broad, axis=1, keepdims=True)
+    sub = np.repeat(broad, 32, axis=0) + 0.05 * rng.standard_normal((CLUSTERS, DIM), dtype=np.float32)
+    return sub / np.linalg.norm(sub, axis=1, keepdims=True)
 
 
 def vectors_for(rows: np.ndarray) -> np.ndarray:
@@ -131,10 +135,8 @@ def p50(values: list[float]) -> float:
     return round(float(np.median(values)) * 1000, 2)
 
 
-def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> dict:
-    from sieve.index import SearchIndex, apply_changes
-
-    index = SearchIndex.load(path, nprobe=nprobe)
+def search_quality(index, n: int, path: Path) -> tuple[list[float], list[float]]:
+    """Per query (one at a time, as /search does): seconds, and recall of the exact top 512."""
     q, exact = query_vectors(n), np.load(path.parent / "exact.npy")
     search_s, recalls = [], []
     for i in range(len(q)):
@@ -142,6 +144,30 @@ def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> di
         _, rows = index.search(q[i:i + 1], K)
         search_s.append(time.perf_counter() - started)
         recalls.append(len(set(rows[0].tolist()) & set(exact[i].tolist())) / K)
+    return search_s, recalls
+
+
+def nprobe_sweep(n: int, path: Path) -> list[dict]:
+    from sieve.index import SearchIndex
+
+    out = []
+    for nprobe in (4, 8, 16, 32, 64):
+        with SearchIndex.load(path, nprobe=nprobe) as index:
+            search_s, recalls = search_quality(index, n, path)
+        out.append({"nprobe": nprobe, "search_top512_ms_p50": p50(search_s),
+                    "recall_at_512_vs_exact": round(float(np.mean(recalls)), 4),
+                    "recall_min": round(float(np.min(recalls)), 4)})
+    return out
+
+
+def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> dict:
+    from sieve.index import SearchIndex, apply_changes
+
+    with SearchIndex.load(path) as index:
+        ann = index.manifest.segments[0]["ann"] if segmented else "flat"
+    sweep = nprobe_sweep(n, path) if ann == "ivf" else None
+    index = SearchIndex.load(path, nprobe=nprobe)
+    search_s, recalls = search_quality(index, n, path)
     out = {"faiss": index.manifest.faiss_kind if not segmented else
            "+".join(s["ann"] for s in index.manifest.segments) + f" (nprobe {nprobe})",
            "search_top512_ms_p50": p50(search_s), "recall_at_512_vs_exact": round(float(np.mean(recalls)), 4)}
@@ -172,6 +198,8 @@ def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> di
                     index = SearchIndex.load(path, nprobe=nprobe)
         peak = max(peak, rss.peak)
     out.update({f"{k}_ms_p50": p50(v) for k, v in timings.items()})
+    if sweep:
+        out["nprobe_sweep"] = sweep
     out.update({"swap_ms_p50": p50(swap_s), "rss_mb_steady": round(steady, 1),
                 "rss_mb_peak_during_write": round(peak, 1), "disk_mb": round(du_mb(path), 1),
                 "segments_after_writes": len(index.manifest.segments) if segmented else 1,
