@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Sequence
 
@@ -75,14 +76,21 @@ class Analyzer:
 
 def write_lexical(segment_dir: Path, docs, config: LexicalConfig) -> None:
     """Term frequencies of `docs` (rows in their order) under segment_dir/bm25 (the caller fsyncs)."""
-    terms = Analyzer(config).terms([d.full_text for d in docs])
-    vocab: dict[str, int] = {}
-    term_ids = [np.fromiter((vocab.setdefault(t, len(vocab)) for t in doc), np.int64, len(doc)) for doc in terms]
-    doc_len = np.fromiter((len(t) for t in terms), np.float32, len(terms))
-    flat = np.concatenate(term_ids) if term_ids else np.empty(0, np.int64)
-    rows = np.repeat(np.arange(len(terms), dtype=np.int64), doc_len.astype(np.int64))
-    keys, tfs = np.unique(flat * max(len(terms), 1) + rows, return_counts=True)  # sorted by (term, row)
-    term_of, row_of = np.divmod(keys, max(len(terms), 1))
+    import bm25s
+
+    analyzer = Analyzer(config)
+    tokens = bm25s.tokenize([d.full_text for d in docs], stopwords=analyzer.stopwords, stemmer=analyzer.stemmer,
+                            return_ids=True, show_progress=False)
+    vocab = [""] * len(tokens.vocab)
+    for term, tid in tokens.vocab.items():
+        vocab[tid] = term
+    lengths = np.fromiter(map(len, tokens.ids), np.int64, len(tokens.ids))
+    flat = np.fromiter(chain.from_iterable(tokens.ids), np.int64, int(lengths.sum()))
+    rows = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
+    n = max(len(docs), 1)
+    keys, tfs = np.unique(flat * n + rows, return_counts=True)  # sorted by (term, row)
+    term_of, row_of = np.divmod(keys, n)
+    doc_len = lengths.astype(np.float32)
     out = segment_dir / LEXICAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "vocab.json").write_text(json.dumps(list(vocab)), encoding="utf-8")
