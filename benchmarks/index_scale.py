@@ -85,6 +85,17 @@ def rss_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def rss_split_mb() -> dict:
+    """RSS as anonymous memory (this process's own) and file-backed pages (memory-mapped index files: page cache,
+    shared with every process mapping the same files, dropped by the kernel under pressure)."""
+    fields = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
+        key, value = line.split(":", 1)
+        fields[key] = int(value.split()[0]) / 1024
+    return {"rss_anon_mb_steady": round(fields["Anonymous"], 1),
+            "rss_file_mb_steady": round(fields["Rss"] - fields["Anonymous"], 1)}
+
+
 class PeakRss:
     """Samples this process's RSS every 2 ms while the block runs."""
 
@@ -171,7 +182,7 @@ def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> di
     out = {"faiss": index.manifest.faiss_kind if not segmented else
            "+".join(s["ann"] for s in index.manifest.segments) + f" (nprobe {nprobe})",
            "search_top512_ms_p50": p50(search_s), "recall_at_512_vs_exact": round(float(np.mean(recalls)), 4)}
-    steady = rss_mb()
+    steady, split = rss_mb(), rss_split_mb()
     encoder, next_id = StubEncoder(), n
     timings: dict[str, list[float]] = {"write_1_doc": [], "write_100_docs": [], "delete_1_doc": []}
     swap_s, peak = [], steady
@@ -200,6 +211,7 @@ def measure(n: int, path: Path, segmented: bool, writes: int, nprobe: int) -> di
     out.update({f"{k}_ms_p50": p50(v) for k, v in timings.items()})
     if sweep:
         out["nprobe_sweep"] = sweep
+    out.update(split)
     out.update({"swap_ms_p50": p50(swap_s), "rss_mb_steady": round(steady, 1),
                 "rss_mb_peak_during_write": round(peak, 1), "disk_mb": round(du_mb(path), 1),
                 "segments_after_writes": len(index.manifest.segments) if segmented else 1,
