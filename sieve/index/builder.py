@@ -10,7 +10,7 @@ import numpy as np
 
 from .cache import encode_cached
 from .corpus import Document
-from .encoder import DocumentEncoder, checked_embeddings, encoder_identity
+from .encoder import DocumentEncoder, encoder_identity
 from .errors import IndexMismatchError
 from .lexical import LexicalConfig
 from .layout import rebuild_version_number, version_name, writer_lock
