@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--corpus", required=True, type=Path)
     build.add_argument("--out", required=True, type=Path)
     build.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    build.add_argument("--faiss", choices=["flat", "ivf", "hnsw"], default="flat", help="flat = exact inner product")
+    build.add_argument("--faiss", choices=["auto", "flat", "ivf", "hnsw"], default="auto",
+                       help="auto = exact below SIEVE_ANN_MIN_ROWS rows per segment, IVF above; flat = always exact")
     build.add_argument("--nlist", type=int, help="IVF cells (default ~4*sqrt(N))")
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
     build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--index", required=True, type=Path)
     delete.add_argument("ids", nargs="+")
     delete.set_defaults(func=cmd_delete)
+    compact = index.add_parser("compact", help="merge every segment into one, dropping deleted rows (docs/index.md)")
+    compact.add_argument("--index", required=True, type=Path)
+    compact.set_defaults(func=cmd_compact)
 
     serve = sub.add_parser("serve", help="serve an index (settings from SIEVE_* environment variables)")
     add_server_args(serve)
@@ -110,6 +114,8 @@ def cmd_build(args, settings: Settings) -> None:
 
     found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
     params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
+    if args.faiss == "auto":
+        params = {"ann_min_rows": settings.ann_min_rows, **({"nlist": args.nlist} if args.nlist else {})}
     extra = {k: v for k, v in found.items() if k != "primary"}
     manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
                            faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
@@ -131,6 +137,7 @@ def cmd_add(args, settings: Settings) -> None:
 
     manifest = add_documents(args.index, read_beir_corpus(args.corpus),
                              encoders(settings, args.cmc_checkpoint, args.mix_checkpoint))
+    manifest = merge_due(args.index, settings) or manifest
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
 
 
@@ -149,7 +156,31 @@ def cmd_delete(args, settings: Settings) -> None:
     from sieve.index import delete_documents
 
     manifest = delete_documents(args.index, args.ids)
+    manifest = merge_due(args.index, settings) or manifest
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
+
+
+def merge_due(index_dir: Path, settings: Settings):
+    """Merge segments as the service would after a write; the last merged manifest, or None."""
+    from sieve.index import merge_if_due
+
+    policy, last = settings.merge_policy(), None
+    while policy is not None and (merged := merge_if_due(index_dir, policy)) is not None:
+        last = merged
+    return last
+
+
+def cmd_compact(args, settings: Settings) -> None:
+    from sieve.index import compact
+
+    manifest = compact(args.index)
+    if manifest is None:
+        from sieve.index.layout import current_version_dir
+        from sieve.index.manifest import read_manifest
+
+        manifest = read_manifest(current_version_dir(args.index))
+    print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version,
+                      "segments": len(manifest.segments)}))
 
 
 def run_server(settings: Settings) -> None:

@@ -1,8 +1,9 @@
 """Sieve's document index: corpus readers, versioned on-disk index, FAISS search."""
 from __future__ import annotations
 
-from .builder import add_documents, add_store, build_index, delete_documents
-from .changes import apply_changes
+from .builder import build_index
+from .changes import add_documents, apply_changes, delete_documents
+from .compaction import add_store, compact, merge_if_due
 from .corpus import Document, corpus_hash, read_beir_corpus, read_qrels, read_queries
 from .encoder import DocumentEncoder
 from .errors import (IndexDiskFullError, IndexFormatError, IndexMismatchError, IndexNotFoundError,
@@ -16,5 +17,5 @@ __all__ = [
     "DocumentEncoder", "IndexFormatError", "IndexMismatchError", "IndexNotFoundError",
     "UnknownDocumentError", "IndexDiskFullError", "FORMAT_VERSION", "Manifest", "check_manifest",
     "build_index", "add_documents", "delete_documents", "add_store", "SearchIndex",
-    "build_faiss", "to_device", "apply_changes",
+    "build_faiss", "to_device", "apply_changes", "compact", "merge_if_due",
 ]

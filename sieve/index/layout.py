@@ -1,8 +1,10 @@
 """On-disk layout of an index directory and the atomic version switch.
 
     DIR/CURRENT                   name of the live version, e.g. "v000003"
-    DIR/versions/v000003/...      one immutable directory per version
+    DIR/versions/v000003/...      one immutable directory per version: its manifest, its tombstones and the one
+                                  segment it wrote, if any (later versions list that segment too; index/segments.py)
     DIR/versions/.tmp-<random>/   a version being written (never live)
+    DIR/versions/.merge-<random>/ a merged segment being written without the writer lock (index/compaction.py)
 
 A version directory is fully written and fsynced before it is renamed to its
 final name, and CURRENT is replaced atomically afterwards, so a crash at any
@@ -122,7 +124,7 @@ def _fsync_tree(root: Path) -> None:
     fsync_dir(root)
 
 
-def commit_version(index_dir: Path, tmp: Path, version: int) -> Path:
+def commit_version(index_dir: Path, tmp: Path, version: int, keep: int = KEEP_VERSIONS) -> Path:
     """Make the fully written `tmp` the live version `version`; return its final path."""
     _fsync_tree(tmp)
     final = versions_dir(index_dir) / version_name(version)
@@ -132,7 +134,7 @@ def commit_version(index_dir: Path, tmp: Path, version: int) -> Path:
     os.rename(tmp, final)
     fsync_dir(final.parent)
     _switch_current(index_dir, final.name)
-    _prune(index_dir, keep=KEEP_VERSIONS)
+    _prune(index_dir, keep=keep)
     return final
 
 
@@ -147,12 +149,26 @@ def _switch_current(index_dir: Path, name: str) -> None:
 
 
 def _prune(index_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` versions and stale temp dirs (best effort)."""
+    """Delete all but the newest `keep` versions and the segments they list, and stale temp dirs (best effort)."""
     vdirs = versions_dir(index_dir)
     numbered = sorted((int(m.group(1)), p) for p in vdirs.iterdir()
                       if (m := _VERSION_RE.match(p.name)))
-    stale = [p for _, p in numbered[:-keep]]
+    kept = [p for _, p in numbered[-keep:]]
+    needed = {p.name for p in kept}
+    for path in kept:
+        needed.update(_listed_segments(path))
+    stale = [p for _, p in numbered if p.name not in needed]
     # Safe under the writer lock: no other writer can own a temp dir now.
     stale += [p for p in vdirs.iterdir() if p.name.startswith(".tmp-")]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _listed_segments(version_dir: Path) -> list[str]:
+    import json
+
+    try:
+        data = json.loads((version_dir / "manifest.json").read_text(encoding="utf-8"))
+        return [str(s["name"]) for s in data.get("segments", [])]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []

@@ -9,9 +9,9 @@ from typing import Any
 
 from .errors import IndexFormatError, IndexMismatchError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: segments + tombstones (index/segments.py); 1 was one monolithic directory
 DTYPES = ("float32", "float16")
-FAISS_KINDS = ("flat", "ivf", "hnsw")
+FAISS_KINDS = ("auto", "flat", "ivf", "hnsw")  # auto: exact below ann_min_rows rows per segment, IVF above
 REBUILD_HINT = ("rebuild with `sieve index build` or point SIEVE_MODEL_PATH "
                 "at the model that built it")
 
@@ -37,6 +37,10 @@ class Manifest:
     stores: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the BM25 part (index/lexical.py): {"engine", "language", "k1", "b"}; empty = this version has none
     lexical: dict[str, Any] = field(default_factory=dict)
+    # the segments of this version, oldest first: [{"name": "v000003", "rows": n, "ann": "flat"|"ivf"|"hnsw"}];
+    # each lives in DIR/versions/<name>/; rows are numbered across them in this order (index/segments.py)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    deleted: int = 0  # tombstoned rows across the segments (listed in this version's deleted.npy)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -52,7 +56,7 @@ class Manifest:
             raise IndexFormatError(f"{source} must be a JSON object")
         _check_format_version(data.get("format_version"), source)
         names = {f.name for f in fields(cls)}
-        missing = sorted(n for n in names - {"stores", "lexical"} if n not in data)
+        missing = sorted(n for n in names - {"stores", "lexical", "segments", "deleted"} if n not in data)
         if missing:
             raise IndexFormatError(f"{source} lacks field(s) {', '.join(missing)}; "
                                    "rebuild the index with `sieve index build`")

@@ -1,80 +1,80 @@
-"""The read side: one loaded, immutable index version, safe to share between threads."""
+"""The read side: one loaded, immutable index version (its segments minus its tombstones), shared between threads.
+
+Rows are the version's LIVE documents numbered 0..size-1 in segment order (index/segments.py); a search runs on
+every segment (exactly on small ones, through their ANN structure on large ones) and merges the hits.
+"""
 from __future__ import annotations
 
-import contextlib
-import json
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import faiss
 import numpy as np
 
 from .corpus import Document
 from .errors import IndexFormatError, UnknownDocumentError
 from .layout import current_version_dir
-from .lexical import LexicalConfig, LexicalIndex, top_positive
+from .lexical import Analyzer, LexicalConfig, LiveStats, bm25_scores, live_stats, top_positive
 from .manifest import Manifest, check_manifest, read_manifest
-from .storage import DOCS_FILE, FAISS_FILE, connect_readonly, open_embeddings, row_chunks, store_path
-from .vectors import exact_top_k, set_search_params, to_device
+from .segments import REGISTRY, SearchKnobs, Segment, local_tombstones, read_tombstones, segment_dir
 
 _LOAD_ATTEMPTS = 3
 
 
 @dataclass
 class _Parts:
-    """The opened files of one version."""
+    """The opened segments of one version and its live-row maps."""
     manifest: Manifest
-    faiss_index: faiss.Index
-    on_gpu: bool
-    embeddings: np.ndarray
-    stores: dict[str, np.ndarray]
-    conn: sqlite3.Connection
-    ids: list[str]
-    lexical: LexicalIndex | None = None
+    segments: list[Segment]
+    offsets: np.ndarray                # (S+1,) physical row where each segment starts, then the total
+    alive: np.ndarray | None           # (physical,) bool; None: nothing deleted
+    seg_alive: list[np.ndarray | None]
+    live_to_phys: np.ndarray | None    # (size,) ; None: the identity
+    phys_to_live: np.ndarray | None    # (physical,) ; -1 for dead rows
+    lexical: Analyzer | None = None
+    lexical_stats: LiveStats | None = None
 
 
-def _check_shape(array: np.ndarray, shape: tuple[int, int], what: Path) -> None:
-    if array.shape != shape:
-        raise IndexFormatError(f"{what} has shape {array.shape}, the manifest says {shape}; "
-                               "the index is damaged, rebuild with `sieve index build`")
-
-
-def _read_ids(conn: sqlite3.Connection, count: int, path: Path) -> list[str]:
-    rows = conn.execute("SELECT row, id FROM docs ORDER BY row").fetchall()
-    if [r for r, _ in rows] != list(range(count)):
-        raise IndexFormatError(f"{path} does not hold rows 0..{count - 1} as the manifest "
-                               "says; the index is damaged, rebuild with `sieve index build`")
-    return [i for _, i in rows]
+def _live_maps(m: Manifest, segments: list[Segment], tombstones: np.ndarray):
+    offsets = np.cumsum([0, *(s.rows for s in segments)]).astype(np.int64)
+    if not len(tombstones):
+        return offsets, None, [None] * len(segments), None, None
+    alive = np.ones(int(offsets[-1]), dtype=bool)
+    for seg, start in zip(segments, offsets):
+        alive[start + local_tombstones(tombstones, seg.name)] = False
+    seg_alive = [alive[offsets[i]:offsets[i + 1]] for i in range(len(segments))]
+    live_to_phys = np.flatnonzero(alive)
+    phys_to_live = np.where(alive, np.cumsum(alive) - 1, -1)
+    return offsets, alive, seg_alive, live_to_phys, phys_to_live
 
 
 def _open_parts(vdir: Path, check: Callable[[Manifest], None], use_gpu: bool,
                 nprobe: int, ef_search: int) -> _Parts:
     m = read_manifest(vdir)
     check(m)  # before anything heavy is loaded
-    emb = open_embeddings(store_path(vdir, None))
-    _check_shape(emb, (m.count, m.dim), store_path(vdir, None))
-    stores = {}
-    for name, ident in m.stores.items():
-        stores[name] = open_embeddings(store_path(vdir, name))
-        _check_shape(stores[name], (m.count, int(ident["dim"])), store_path(vdir, name))
-    index = faiss.read_index(str(vdir / FAISS_FILE))
-    if index.ntotal != m.count:
-        raise IndexFormatError(f"{vdir / FAISS_FILE} holds {index.ntotal} vectors, the "
-                               f"manifest says {m.count}; rebuild with `sieve index build`")
-    lexical = LexicalIndex(vdir, LexicalConfig.from_dict(m.lexical), m.count) if m.lexical else None
-    set_search_params(index, nprobe, ef_search)
-    device_index = to_device(index, use_gpu)
-    on_gpu = device_index is not index
-    conn = connect_readonly(vdir / DOCS_FILE)
+    if not m.segments:
+        raise IndexFormatError(f"{vdir}/manifest.json lists no segments; rebuild with `sieve index build`")
+    tombstones = read_tombstones(vdir)
+    knobs = SearchKnobs(use_gpu, nprobe, ef_search)
+    segments: list[Segment] = []
     try:
-        ids = _read_ids(conn, m.count, vdir / DOCS_FILE)
+        for spec in m.segments:
+            segments.append(REGISTRY.acquire(segment_dir(vdir.parent.parent, spec["name"]), spec, m, knobs))
+        offsets, alive, seg_alive, l2p, p2l = _live_maps(m, segments, tombstones)
+        live = int(offsets[-1]) - len(tombstones)
+        if live != m.count:
+            raise IndexFormatError(f"{vdir} holds {live} live rows, the manifest says {m.count}; "
+                                   "rebuild with `sieve index build`")
     except Exception:
-        conn.close()
+        for seg in segments:
+            REGISTRY.release(seg)
         raise
-    return _Parts(m, device_index, on_gpu, emb, stores, conn, ids, lexical)
+    parts = _Parts(m, segments, offsets, alive, seg_alive, l2p, p2l)
+    if m.lexical:
+        parts.lexical = Analyzer(LexicalConfig.from_dict(m.lexical))
+        parts.lexical_stats = live_stats([s.lexical for s in segments], alive)
+    return parts
 
 
 class SearchIndex:
@@ -85,20 +85,20 @@ class SearchIndex:
         self.manifest = parts.manifest
         self.size = parts.manifest.count
         self.version = parts.manifest.version
-        self.on_gpu = parts.on_gpu
+        self.on_gpu = any(s.on_gpu for s in parts.segments)
         self._p = parts
-        self._row_of = {doc_id: row for row, doc_id in enumerate(parts.ids)}
-        self._db_lock = threading.Lock()
-        # FAISS CPU indexes allow concurrent searches; GPU indexes do not.
-        self._search_lock = threading.Lock() if parts.on_gpu else contextlib.nullcontext()
+        self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
     def load(cls, index_dir: str | Path, *, model_name: str | None = None,
              model_hash: str | None = None, dim: int | None = None, use_gpu: bool = False,
              nprobe: int = 16, ef_search: int = 128) -> "SearchIndex":
-        """Open the live version; checks the model identity for each field given."""
+        """Open the live version; checks the model identity for each field given. Segments this process already
+        has open (an earlier version lists them too) are shared, not opened again."""
         index_dir = Path(index_dir)
+        if nprobe < 1 or ef_search < 1:
+            raise ValueError(f"nprobe and ef_search must be >= 1, got {nprobe}, {ef_search}")
 
         def check(m: Manifest) -> None:
             check_manifest(m, model_name, model_hash, dim, index_dir=index_dir)
@@ -135,6 +135,15 @@ class SearchIndex:
                              f"0..{self.size - 1}")
         return arr
 
+    def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Live rows -> (segment index, local row)."""
+        phys = rows if self._p.live_to_phys is None else self._p.live_to_phys[rows]
+        seg = np.searchsorted(self._p.offsets, phys, side="right") - 1
+        return seg, phys - self._p.offsets[seg]
+
+    def _to_live(self, phys: np.ndarray) -> np.ndarray:
+        return phys if self._p.phys_to_live is None else self._p.phys_to_live[phys]
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: (scores float32, rows int64), both (B, min(k, size))."""
         self._check_open()
@@ -147,13 +156,25 @@ class SearchIndex:
         k = min(int(k), self.size)
         if len(q) == 0:
             return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
-        with self._search_lock:
-            scores, rows = self._p.faiss_index.search(q, k)
+        scores, rows = self._search_segments(q, k, exact=False)
         short = (rows < 0).any(axis=1)
         if short.any():
             # IVF/HNSW can return fewer than k hits (-1); fill those queries exactly.
-            scores[short], rows[short] = exact_top_k(q[short], row_chunks(self._p.embeddings), k)
-        return scores.astype(np.float32, copy=False), rows.astype(np.int64, copy=False)
+            scores[short], rows[short] = self._search_segments(q[short], k, exact=True)
+        return scores, self._to_live(rows)
+
+    def _search_segments(self, q: np.ndarray, k: int, exact: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Every segment's top-k merged: (scores, physical rows), (B, k), best first."""
+        all_s, all_r = [], []
+        for seg, start, alive in zip(self._p.segments, self._p.offsets, self._p.seg_alive):
+            s, r = seg.search(q, k, alive, exact=exact)
+            all_s.append(s)
+            all_r.append(np.where(r >= 0, r + start, -1))
+        scores, rows = np.concatenate(all_s, axis=1), np.concatenate(all_r, axis=1)
+        if len(all_s) > 1:
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            scores, rows = np.take_along_axis(scores, top, axis=1), np.take_along_axis(rows, top, axis=1)
+        return scores[:, :k].astype(np.float32, copy=True), rows[:, :k].copy()
 
     @property
     def has_lexical(self) -> bool:
@@ -165,53 +186,73 @@ class SearchIndex:
         if self._p.lexical is None:
             raise ValueError(f"the index at {self.index_dir} (version {self.version}) has no lexical part; "
                              "rebuild it with `sieve index build` (lexical is on by default)")
-        return self._p.lexical.scores(query)
+        phys = bm25_scores(self._p.lexical, [s.lexical for s in self._p.segments], self._p.offsets[:-1].tolist(),
+                           self._p.lexical_stats, query)
+        return phys if self._p.live_to_phys is None else phys[self._p.live_to_phys]
 
     def search_lexical(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows by BM25 (only rows sharing a term with the query): (scores, rows), 1-D, best first."""
         return top_positive(self.lexical_scores(query), max(1, min(int(k), self.size)))
 
     def ids(self, rows: Sequence[int]) -> list[str]:
-        return [self._p.ids[r] for r in self._rows(rows).tolist()]
+        seg, local = self._locate(self._rows(rows))
+        segments = self._p.segments
+        return [segments[s].ids[r] for s, r in zip(seg.tolist(), local.tolist())]
+
+    def _find(self, doc_id: str) -> int | None:
+        """The live row of `doc_id`, or None. An id lives in at most one segment: the newest holding it."""
+        for i in range(len(self._p.segments) - 1, -1, -1):
+            local = self._p.segments[i].row_of.get(doc_id)
+            if local is not None:
+                alive = self._p.seg_alive[i]
+                if alive is None or alive[local]:
+                    return int(self._to_live(np.int64(self._p.offsets[i] + local)))
+        return None
 
     def rows_for_ids(self, ids: Sequence[str]) -> list[int]:
         self._check_open()
-        unknown = [i for i in ids if i not in self._row_of]
+        found = {i: self._find(i) for i in ids}
+        unknown = [i for i in ids if found[i] is None]
         if unknown:
             raise UnknownDocumentError(list(dict.fromkeys(unknown)), size=self.size)
-        return [self._row_of[i] for i in ids]
+        return [found[i] for i in ids]
 
     def has_id(self, doc_id: str) -> bool:
-        return doc_id in self._row_of
+        return self._find(doc_id) is not None
 
     def has_store(self, name: str) -> bool:
-        return name in self._p.stores
+        return name in self.manifest.stores
 
     def embeddings(self, rows: Sequence[int], store: str | None = None) -> np.ndarray:
         """(n, dim) float32 copy of the given rows of the primary or an extra store."""
         arr = self._rows(rows)
-        if store is None:
-            source = self._p.embeddings
-        elif store in self._p.stores:
-            source = self._p.stores[store]
-        else:
+        if store is not None and store not in self.manifest.stores:
             raise ValueError(f"unknown embedding store {store!r}; this index has "
-                             f"{sorted(self._p.stores) or 'no extra stores'}")
-        return np.array(source[arr], dtype=np.float32)
+                             f"{sorted(self.manifest.stores) or 'no extra stores'}")
+        dim = self.manifest.dim if store is None else int(self.manifest.stores[store]["dim"])
+        out = np.empty((len(arr), dim), dtype=np.float32)
+        seg, local = self._locate(arr)
+        for s in np.unique(seg).tolist():
+            at = seg == s
+            source = self._p.segments[s].embeddings if store is None else self._p.segments[s].stores[store]
+            out[at] = source[local[at]]
+        return out
 
     def documents(self, rows: Sequence[int]) -> list[Document]:
-        """Documents for rows, in the order given, with one SQLite query."""
-        arr = self._rows(rows).tolist()
-        with self._db_lock:
+        """Documents for rows, in the order given, with one SQLite query per segment involved."""
+        arr = self._rows(rows)
+        seg, local = self._locate(arr)
+        found: dict[tuple[int, int], tuple[str, str, str]] = {}
+        with self._lock:
             self._check_open()
-            found = self._p.conn.execute(
-                "SELECT d.row, d.id, d.title, d.text FROM docs d WHERE d.row IN "
-                "(SELECT value FROM json_each(?))", (json.dumps(arr),)).fetchall()
-        by_row = {r: Document(i, t or "", x or "") for r, i, t, x in found}
-        return [by_row[r] for r in arr]
+            for s in np.unique(seg).tolist():
+                hits = self._p.segments[s].documents(local[seg == s].tolist())
+                found.update({(s, r): v for r, v in hits.items()})
+        return [Document(*found[(s, r)]) for s, r in zip(seg.tolist(), local.tolist())]
 
     def close(self) -> None:
-        with self._db_lock:
+        with self._lock:
             if not self._closed:
                 self._closed = True
-                self._p.conn.close()
+                for seg in self._p.segments:
+                    REGISTRY.release(seg)

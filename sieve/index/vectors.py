@@ -13,8 +13,15 @@ import numpy as np
 
 from .manifest import FAISS_KINDS
 
-_ALLOWED_PARAMS = {"flat": set(), "ivf": {"nlist"}, "hnsw": {"M", "ef_construction"}}
+_ALLOWED_PARAMS = {"auto": {"ann_min_rows", "nlist"}, "flat": set(), "ivf": {"nlist", "ann_min_rows"},
+                   "hnsw": {"M", "ef_construction", "ann_min_rows"}}
 HNSW_DEFAULTS = {"M": 32, "ef_construction": 200}
+# "auto": a segment of at least this many rows gets an IVF index, smaller ones are searched exactly (SIEVE_ANN_MIN_ROWS;
+# chosen from benchmarks/index_scale.py, see docs/index.md)
+DEFAULT_ANN_MIN_ROWS = 50_000
+# "ivf"/"hnsw" chosen by hand: the build's segment always gets it, later segments from this size on (smaller ones
+# are faster and exact with brute force)
+EXPLICIT_ANN_MIN_ROWS = 1_000
 
 
 def default_nlist(n: int) -> int:
@@ -35,11 +42,35 @@ def resolve_params(kind: str, params: dict[str, Any] | None, n: int) -> dict[str
     for key, value in params.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"faiss parameter {key} must be a positive integer, got {value!r}")
-    if kind == "ivf":
+    if kind == "auto":
+        params.setdefault("ann_min_rows", DEFAULT_ANN_MIN_ROWS)
+    elif kind == "ivf":
         params.setdefault("nlist", default_nlist(n))
     elif kind == "hnsw":
         params = {**HNSW_DEFAULTS, **params}
     return params
+
+
+def segment_ann(kind: str, params: dict[str, Any], rows: int, whole: bool) -> str:
+    """The search structure of a segment of `rows` rows ("flat" = exact); `whole`: it holds the whole index."""
+    if kind == "flat":
+        return "flat"
+    if kind == "auto":
+        return "ivf" if rows >= params.get("ann_min_rows", DEFAULT_ANN_MIN_ROWS) else "flat"
+    return kind if whole or rows >= params.get("ann_min_rows", EXPLICIT_ANN_MIN_ROWS) else "flat"
+
+
+def segment_params(kind: str, params: dict[str, Any], rows: int) -> dict[str, Any]:
+    """FAISS parameters for one segment: nlist follows the segment's size unless set by hand."""
+    out = {k: v for k, v in params.items() if k != "ann_min_rows"}
+    if kind in ("auto", "ivf") and "nlist" not in params:
+        out["nlist"] = auto_nlist(rows) if kind == "auto" else default_nlist(rows)
+    return out
+
+
+def auto_nlist(n: int) -> int:
+    # ~sqrt(N) lists of ~sqrt(N) rows: at 1M rows, 1,000 lists; nprobe lists are scanned per query
+    return max(1, min(int(math.sqrt(n)), n // 39))
 
 
 def build_faiss(embeddings: np.ndarray, kind: str = "flat",
@@ -52,10 +83,11 @@ def build_faiss(embeddings: np.ndarray, kind: str = "flat",
     params = resolve_params(kind, params, n)
     if kind == "flat":
         index = faiss.IndexFlatIP(d)
-    elif kind == "ivf":
+    elif kind in ("ivf", "auto"):
         # After deletes N may fall below the recorded nlist; training needs N >= nlist.
         nlist = min(params["nlist"], n)
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.max_points_per_centroid = 64  # k-means on a sample: at 1M rows the full set costs minutes, not recall
         index.train(x)
     else:
         index = faiss.IndexHNSWFlat(d, params["M"], faiss.METRIC_INNER_PRODUCT)

@@ -84,7 +84,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
 
     state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
                                  lambda: load_index(settings, searcher.biencoder, torch.device(components.device), searcher.cmc),
-                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s)
+                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s, settings.merge_policy())
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)

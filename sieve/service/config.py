@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
     index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version, checked this often; 0 = only on POST /admin/index/reload.")
+    ann_min_rows: int = Field(50_000, ge=1, description="`sieve index build --faiss auto` (the default): an index segment of at least this many rows gets an IVF index (approximate, recall measured in docs/index.md), smaller ones are searched exactly.")
+    index_merge: bool = Field(True, description="Merge index segments in the background after writes (SIEVE_INDEX_MAX_SEGMENTS, SIEVE_INDEX_COMPACT_DELETED_FRACTION); false = only `sieve index compact`.")
+    index_max_segments: int = Field(10, ge=1, description="More segments than this after a write: merge the SIEVE_INDEX_MERGE_WIDTH adjacent segments holding the fewest rows.")
+    index_merge_width: int = Field(5, ge=2, description="How many adjacent segments one background merge folds into one.")
+    index_compact_deleted_fraction: float = Field(0.2, gt=0, le=1, description="Deleted (tombstoned) rows above this share of all rows: merge every segment into one (a full compaction, in the background).")
     # server
     host: str = Field("127.0.0.1", description="Bind address of `sieve serve` / `sieve demo`.")
     port: int = Field(8000, ge=1, le=65535, description="Port of `sieve serve` / `sieve demo`.")
@@ -165,6 +170,14 @@ class Settings(BaseSettings):
         trained = trained_lengths(path)
         return PairLengths(self.ce_query_max_length or trained.query_max_length,
                            self.ce_max_length or trained.max_length)
+
+    def merge_policy(self):
+        """When segments are merged after writes (None: never, only `sieve index compact`)."""
+        if not self.index_merge:
+            return None
+        from sieve.index.compaction import MergePolicy
+
+        return MergePolicy(self.index_max_segments, self.index_merge_width, self.index_compact_deleted_fraction)
 
     def lexical_config(self) -> "LexicalConfig | None":
         """What a new index's BM25 part is built with; None = no lexical part."""

@@ -5,7 +5,10 @@ as one new index version (index.apply_changes: staged, fsynced, renamed, CURRENT
 is the new version loaded and swapped in as `searcher.index` (one reference assignment), and only then are the
 writes acknowledged: an acknowledged write is durable and visible to the next search; a request already running
 finishes on the version it started with; a crash leaves the old or the new version, never a mix.
-Cost: one version rewrites the index (O(N)), so concurrent writes share it; see docs/api.md "Documents and admin".
+Cost: a version adds one segment holding the group's documents plus tombstones, so it costs what the group holds,
+not what the index holds (sieve/index/segments.py). After a commit the merger thread folds small segments together
+(sieve/index/compaction.py, MergePolicy from the SIEVE_INDEX_* settings) without holding up writes or searches, and swaps
+in the merged version. See docs/index.md.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from pathlib import Path
 
 from starlette.exceptions import HTTPException
 
-from sieve.index import Document, IndexMismatchError, UnknownDocumentError, apply_changes
+from sieve.index import Document, IndexMismatchError, UnknownDocumentError, apply_changes, merge_if_due
+from sieve.index.compaction import MergePolicy
 from sieve.index.layout import read_current, version_name
 
 log = logging.getLogger("sieve.updates")
@@ -41,7 +45,7 @@ class Conflict(HTTPException):
 
 class IndexUpdater:
     def __init__(self, searcher, index_dir, encoders: dict, load_index, wait_ms: float, on_swap=None,
-                 poll_s: float = 0):
+                 poll_s: float = 0, merge_policy: MergePolicy | None = MergePolicy()):
         self.searcher, self.index_dir, self.encoders = searcher, index_dir, encoders
         self.load_index, self.wait_s, self.on_swap = load_index, wait_ms / 1000, on_swap
         self.poll_s = poll_s or None  # None: block until a write or reload arrives
@@ -49,6 +53,11 @@ class IndexUpdater:
         self.lock = threading.Lock()  # one swap at a time
         self.thread = threading.Thread(target=self.loop, name="index-writer", daemon=True)
         self.thread.start()
+        self.merge_policy, self.merge_wanted = merge_policy, threading.Event()
+        self.closing = False
+        self.merger = threading.Thread(target=self.merge_loop, name="index-merger", daemon=True)
+        if merge_policy is not None:
+            self.merger.start()
 
     # -- requests ---------------------------------------------------------------------------------------------
     def submit(self, write: Write) -> dict:
@@ -66,6 +75,22 @@ class IndexUpdater:
 
     def close(self) -> None:
         self.queue.put(None)
+        self.closing = True
+        self.merge_wanted.set()
+
+    # -- the merger thread ------------------------------------------------------------------------------------
+    def merge_loop(self) -> None:
+        """Merge segments while the policy says so, after commits; writes and searches go on meanwhile."""
+        while True:
+            self.merge_wanted.wait()
+            self.merge_wanted.clear()
+            if self.closing:
+                return
+            try:
+                while not self.closing and merge_if_due(self.index_dir, self.merge_policy) is not None:
+                    self.swap(None)
+            except Exception:  # noqa: BLE001 - a failed merge changes nothing; the next commit tries again
+                log.exception("merging the segments of %s failed", self.index_dir)
 
     # -- the writer thread ------------------------------------------------------------------------------------
     def loop(self) -> None:
@@ -135,6 +160,7 @@ class IndexUpdater:
             except (ValueError, IndexMismatchError) as exc:  # e.g. the index holds a store this server cannot encode
                 raise Conflict(f"the index cannot take this write: {exc}") from exc
             self.swap(time.perf_counter() - started)
+            self.merge_wanted.set()
             return done
         return set()
 

@@ -22,7 +22,9 @@ def test_flat_search_is_exact(built: Path, docs, encoder) -> None:
     emb = encoder.encode_documents([d.full_text for d in docs])
     queries = np.random.default_rng(1).standard_normal((20, encoder.dim)).astype(np.float32)
     with SearchIndex.load(built) as index:
-        assert (index.size, index.version, index.manifest.faiss_kind) == (300, 1, "flat")
+        # the default "auto" searches a segment this small exactly
+        assert (index.size, index.version, index.manifest.faiss_kind) == (300, 1, "auto")
+        assert [s["ann"] for s in index.manifest.segments] == ["flat"]
         scores, rows = index.search(queries, 10)
         ref_scores, ref_rows = _reference(emb, queries, 10)
         assert scores.dtype == np.float32 and rows.dtype == np.int64
@@ -86,8 +88,8 @@ def test_float16_round_trip(tmp_path: Path, docs, encoder) -> None:
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"faiss_kind": "lsh"}, "unknown faiss kind 'lsh'; allowed: flat, ivf, hnsw"),
-    ({"faiss_kind": "ivf", "faiss_params": {"M": 4}}, "allowed: nlist"),
+    ({"faiss_kind": "lsh"}, "unknown faiss kind 'lsh'; allowed: auto, flat, ivf, hnsw"),
+    ({"faiss_kind": "ivf", "faiss_params": {"M": 4}}, "allowed: ann_min_rows, nlist"),
     ({"faiss_kind": "hnsw", "faiss_params": {"M": 0}}, "positive integer"),
     ({"dtype": "int8"}, "allowed: float32, float16"),
     ({"extra_stores": {"primary": FakeEncoder()}}, "invalid store name"),

@@ -99,7 +99,7 @@ def test_every_write_keeps_lexical_and_dense_in_step(tmp_path, encoder):
     apply_changes(path, [Document("d5", "", "fig fig")], ["d2"], {"primary": encoder})
     with SearchIndex.load(path) as index:
         ids = index.ids(range(index.size))
-        assert ids == ["d1", "d3", "d4", "d5"]
+        assert ids == ["d3", "d4", "d1", "d5"]  # a replaced document (d1) moves to the write's new segment
         assert [ids[r] for r in index.search_lexical("fig", 5)[1]] == ["d5", "d4"]
         assert index.search_lexical("apple cherry", 5)[1].tolist() == []  # d0 and d2 are gone from both parts
         assert [ids[r] for r in index.search_lexical("grape banana", 5)[1]] == ["d1", "d4"]

@@ -48,7 +48,7 @@ def test_mismatch_on_dim_only() -> None:
 
 def test_unknown_format_version_refused() -> None:
     text = json.dumps({**json.loads(_manifest().to_json()), "format_version": 99})
-    with pytest.raises(IndexFormatError, match="format_version 99.*reads only format_version 1"):
+    with pytest.raises(IndexFormatError, match="format_version 99.*reads only format_version 2"):
         Manifest.from_json(text)
 
 
@@ -62,8 +62,8 @@ def test_missing_fields_refused() -> None:
 def test_load_refuses_future_format(built: Path) -> None:
     path = current_version_dir(built) / "manifest.json"
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "format_version": 2}))
-    with pytest.raises(IndexFormatError, match="format_version 2"):
+    path.write_text(json.dumps({**data, "format_version": 3}))
+    with pytest.raises(IndexFormatError, match="format_version 3"):
         SearchIndex.load(built)
 
 

@@ -25,13 +25,14 @@ def test_add_new_and_replace(built: Path, docs, encoder) -> None:
     assert (m.version, m.count) == (2, 301)
     with SearchIndex.load(built) as index:
         assert (index.version, index.size) == (2, 301)
-        assert index.rows_for_ids(["d3", "new1", "d4"]) == [3, 300, 4]  # order kept
-        assert index.documents([3, 300]) == [changed, new]
+        # the replaced d3 leaves its row (tombstoned) and joins the write's segment after new1
+        assert index.rows_for_ids(["d3", "new1", "d4"]) == [300, 299, 3]
+        assert index.documents([300, 299]) == [changed, new]
         assert _top1(index, encoder, "zebra quokka axolotl") == "new1"
         assert _top1(index, encoder, "platypus narwhal okapi") == "d3"
-        np.testing.assert_allclose(index.embeddings([3])[0],
+        np.testing.assert_allclose(index.embeddings([300])[0],
                                    encoder.encode_documents([changed.full_text])[0], atol=1e-6)
-        np.testing.assert_allclose(index.embeddings([4])[0],
+        np.testing.assert_allclose(index.embeddings([3])[0],
                                    encoder.encode_documents([docs[4].full_text])[0], atol=1e-6)
 
 
@@ -88,7 +89,10 @@ def test_versions_increment_and_old_ones_pruned(built: Path, docs, encoder) -> N
     delete_documents(built, ["a0"])
     m = build_index(docs, encoder, built, progress=False)  # rebuild in place
     assert m.version == 4 and read_current(built) == "v000004"
-    assert sorted(p.name for p in (built / "versions").iterdir()) == ["v000003", "v000004"]
+    # the previous version stays, and so do the segments it lists (v1: the build, v2: the add; v3 only deletes)
+    assert sorted(p.name for p in (built / "versions").iterdir()) == ["v000001", "v000002", "v000003", "v000004"]
+    add_documents(built, make_docs(1, seed=4, prefix="b"), {"primary": encoder})
+    assert sorted(p.name for p in (built / "versions").iterdir()) == ["v000004", "v000005"]
 
 
 def test_ivf_index_survives_updates(tmp_path: Path, encoder) -> None:

@@ -20,13 +20,14 @@ from typing import Sequence
 
 import numpy as np
 
-from sieve.research.anncur.cur import DEFAULT_RCOND, item_embeddings, select_anchor_items
 from sieve.index.layout import rebuild_version_number, version_name, versions_dir, writer_lock
 from sieve.index.manifest import FORMAT_VERSION, Manifest
-from sieve.research.anncur.score_matrix import score_matrix, scorer_identity
 from sieve.index.search_index import SearchIndex
-from sieve.index.vectors import resolve_params
-from sieve.index.writer import LiveVersion, Rows, VersionPlan, finish_manifest, write_version
+from sieve.index.segments import new_segment_spec
+from sieve.index.vectors import resolve_params, segment_ann, segment_params
+from sieve.index.writer import LiveVersion, Rows, SegmentPlan, VersionPlan, finish_manifest, write_version
+from sieve.research.anncur.cur import DEFAULT_RCOND, item_embeddings, select_anchor_items
+from sieve.research.anncur.score_matrix import score_matrix, scorer_identity
 
 ANNCUR_FILE = "anncur.json"
 
@@ -85,8 +86,11 @@ def write_anncur_version(out_dir: Path, manifest: Manifest, docs, emb: np.ndarra
     try:
         with writer_lock(out_dir):
             finish_manifest(manifest, docs, rebuild_version_number(out_dir))
-            plan = VersionPlan(manifest, docs, {None: Rows(emb.shape, lambda: [emb])}, {ANNCUR_FILE: side})
-            return write_version(out_dir, plan)
+            ann = segment_ann(manifest.faiss_kind, manifest.faiss_params, len(docs), whole=True)
+            manifest.segments = [new_segment_spec(version_name(manifest.version), len(docs), ann)]
+            segment = SegmentPlan(docs, {None: Rows(emb.shape, lambda: [emb])}, ann,
+                                  segment_params(manifest.faiss_kind, manifest.faiss_params, len(docs)))
+            return write_version(out_dir, VersionPlan(manifest, segment, extra_files={ANNCUR_FILE: side}))
     finally:
         side.unlink(missing_ok=True)
 
