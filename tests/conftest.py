@@ -9,6 +9,10 @@ import pytest
 from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report,  # noqa: F401
                             pytest_runtest_makereport)
 
+# The suite compares served scores with fp32 references at 1e-4, so servers and Settings() here run fp32; the
+# lower-precision path (SIEVE_PRECISION=auto, the service's default) is tested where a test asks for it.
+os.environ.setdefault("SIEVE_PRECISION", "fp32")
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 DEMO_CORPUS = REPO / "sieve" / "demo_corpus.jsonl"

@@ -67,7 +67,8 @@ def fingerprint(components: Components, settings: Settings) -> str:
                   digest(json.dumps(built.record, sort_keys=True, default=str))]
     return digest(json.dumps([model_identity(s.biencoder), cmc, model_identity(s.cross_encoder),
                               model_identity(s.late_ce), model_identity(s.mix), anncur,
-                              settings.query_max_length, settings.query_overflow]))
+                              settings.query_max_length, settings.query_overflow,
+                              {stage: c["dtype"] for stage, c in components.precision.items()}]))  # int8 scores differ
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:

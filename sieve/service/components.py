@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,6 +10,7 @@ from sieve.index import SearchIndex
 from sieve.models.cmc_checkpoint import CMCBundle, load_cmc, untrained_cmc
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.models.device import pick_device
+from sieve.models.precision_stages import lower_cmc, lower_cross_encoder, lower_query_tower
 from sieve.models.text_encoder import EncoderLengths, TextEncoder
 from sieve.pipeline.anncur_stage import AnnCUR
 from sieve.pipeline.searcher import Searcher
@@ -23,6 +24,7 @@ log = logging.getLogger("sieve")
 class Components:
     searcher: Searcher
     device: str
+    precision: dict[str, dict] = field(default_factory=dict)  # stage -> models.precision.Choice.as_dict()
 
     def model_names(self) -> dict[str, str | None]:
         s = self.searcher
@@ -58,12 +60,31 @@ def load_components(settings: Settings) -> Components:
         cross_encoder = CrossEncoder.from_pretrained(
             ce_path, lengths=settings.ce_lengths(ce_path),
             device=device, batch_size=settings.ce_batch_size)
-    anncur = load_anncur(settings, device, cross_encoder)
+    anncur = load_anncur(settings, device, cross_encoder)  # annCUR keeps the fp32 cross-encoder its index was built with
+    precision = lower_precision(settings, biencoder, cmc)  # precision: query tower and CMC, in place
+    if cross_encoder is not None:  # precision: the /search and /rerank cross-encoder
+        cross_encoder, choice = lower_cross_encoder(cross_encoder, settings.precision)
+        precision["cross_encoder"] = choice.as_dict()
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
     late_ce, mix = load_late_ce(settings, device), load_mix(settings, device, index)
     searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, mix=mix, late_ce=late_ce,
                         **searcher_options(settings))
-    return Components(searcher, str(device))
+    return Components(searcher, str(device), precision)
+
+
+def lower_precision(settings: Settings, biencoder: TextEncoder, cmc: CMCBundle | None) -> dict[str, dict]:
+    """Puts the lower-precision query towers and CMC layers in place (models/precision.py); their records."""
+    module, choice = lower_query_tower(biencoder, settings.precision)
+    biencoder.query_module, record = module, {"bi_encoder_query": choice.as_dict()}
+    if cmc is not None:
+        cmc.model, choice = lower_cmc(cmc, biencoder, settings.precision)
+        record["cmc"] = choice.as_dict()
+        if cmc.query_tower is not biencoder:  # a trained query tower of its own
+            cmc.query_tower.query_module, choice = lower_query_tower(cmc.query_tower, settings.precision)
+            record["cmc_query"] = choice.as_dict()
+    for stage, rec in record.items():
+        log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])
+    return record
 
 
 def load_late_ce(settings: Settings, device: torch.device) -> CrossEncoder | None:

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint; unset = the trained default shipped as shipped:cross-encoder (CE stage off when none is shipped).")
     ce_query_max_length: int | None = Field(None, ge=8, le=512, description="Query tokens of a pair; unset = what the checkpoint was trained with (its sieve_head.json), else 64.")
     ce_max_length: int | None = Field(None, ge=16, le=4096, description="Pair tokens; unset = what the checkpoint was trained with (its sieve_head.json), else 512.")
-    ce_batch_size: int = Field(16, ge=1, le=1024)
+    ce_batch_size: int = Field(16, ge=1, le=1024, description="Pairs per cross-encoder forward pass in offline scoring (`sieve eval`, training, annCUR builds); serving packs pairs by SIEVE_CE_BATCH_TOKENS.")
     # more rerankers: a second, late-interaction cross-encoder and the MixEncoder
     late_ce_path: Path | None = Field(None, description="A second cross-encoder (`sieve train ce --head cls+late`), picked by ce_model=ce_late; unset = off.")
     mix_path: Path | None = Field(None, description="MixEncoder checkpoint (`sieve train mix`); the index must hold its 'mix' store; unset = off.")
@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'.")
+    precision: Literal["auto", "fp32"] = Field("auto", description="auto: bi-encoder query tower, CMC and cross-encoder run in the lowest precision the device has and that keeps rankings (bf16 with AVX-512 BF16/AMX, int8 linear layers with VNNI, fp16 on CUDA; see docs/performance.md and /readyz); fp32: everything in fp32.")
     torch_threads: int | None = Field(None, ge=1, description="Intra-op threads; unset = torch's default.")
     faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when one is present (faiss-gpu).")
     nprobe: int = Field(16, ge=1, description="IVF cells probed per query.")

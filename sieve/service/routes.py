@@ -187,7 +187,7 @@ def readyz(components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded."""
     index = components.searcher.index
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
-                         models=components.model_names(), device=components.device)
+                         models=components.model_names(), device=components.device, precision=components.precision)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

@@ -254,6 +254,12 @@ class Health(Reply):
     status: Literal["ok"] = Field("ok", description="Always ok while the process answers.")
 
 
+class StagePrecision(Reply):
+    dtype: Literal["fp32", "bf16", "fp16", "int8"] = Field(..., description="Number format of the stage's weights and matmuls (int8: dynamically quantised linear layers).")
+    reason: str = Field(..., description="Why this format: the device's capabilities, SIEVE_PRECISION=fp32, or a failed quality guard.")
+    spearman: float | None = Field(None, description="Lowest Spearman rank correlation of the stage's scores with fp32 on the start-up probe inputs; null when it runs in fp32 by choice.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -261,3 +267,4 @@ class Ready(Reply):
     index_dir: str = Field(..., description="Index directory being served.")
     models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder).")
     device: str = Field(..., description="Torch device the models run on.")
+    precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
