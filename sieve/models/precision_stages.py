@@ -66,14 +66,14 @@ def cmc_probe(bundle: CMCBundle, biencoder: TextEncoder) -> Probe:
     return probe
 
 
-def ce_probe(ce: CrossEncoder) -> Probe:
-    """A pair scorer on 4 probe queries x all probe documents."""
+def ce_probe(ce: CrossEncoder, n_queries: int = 4, n_docs: int = N_DOCS) -> Probe:
+    """A pair scorer on n_queries probe queries x n_docs probe documents."""
     queries, docs = probe_texts()
-    batches = [ce.tokenize_pairs(q, list(docs)) for q in queries[:4]]
+    batches = [ce.tokenize_pairs(q, list(docs[:n_docs])) for q in queries[:n_queries]]
 
     def probe(module: nn.Module) -> np.ndarray:
         with torch.inference_mode():
-            return np.stack([module(**batch).float().cpu().numpy() for batch in batches])  # (4, N)
+            return np.stack([module(**batch).float().cpu().numpy() for batch in batches])  # (n_queries, n_docs)
 
     return probe
 

@@ -42,7 +42,7 @@ def test_cmc_keeps_rankings(biencoder, path, dtype):
 
 
 def test_cross_encoder_keeps_rankings_in_bf16(shipped_ce):
-    probe = ce_probe(shipped_ce)
+    probe = ce_probe(shipped_ce, n_queries=2, n_docs=16)  # emulated bf16 is slow on CPUs without it: a smaller probe
     assert worst_spearman(probe(shipped_ce.scorer), probe(lowered(shipped_ce.scorer, "bf16"))) >= MIN_SPEARMAN
 
 
