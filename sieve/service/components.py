@@ -61,10 +61,7 @@ def load_components(settings: Settings) -> Components:
             ce_path, lengths=settings.ce_lengths(ce_path),
             device=device, batch_size=settings.ce_batch_size)
     anncur = load_anncur(settings, device, cross_encoder)  # annCUR keeps the fp32 cross-encoder its index was built with
-    precision = lower_precision(settings, biencoder, cmc)  # precision: query tower and CMC, in place
-    if cross_encoder is not None:  # precision: the /search and /rerank cross-encoder
-        cross_encoder, choice = lower_cross_encoder(cross_encoder, settings.precision)
-        precision["cross_encoder"] = choice.as_dict()
+    cross_encoder, precision = lower_precision(settings, biencoder, cmc, cross_encoder)  # precision (docs/performance.md)
     log.info("loaded index %s (%d docs, version %d) on %s", settings.index_dir, index.size, index.version, device)
     late_ce, mix = load_late_ce(settings, device), load_mix(settings, device, index)
     searcher = Searcher(biencoder, index, cmc, cross_encoder, anncur=anncur, mix=mix, late_ce=late_ce,
@@ -72,8 +69,10 @@ def load_components(settings: Settings) -> Components:
     return Components(searcher, str(device), precision)
 
 
-def lower_precision(settings: Settings, biencoder: TextEncoder, cmc: CMCBundle | None) -> dict[str, dict]:
-    """Puts the lower-precision query towers and CMC layers in place (models/precision.py); their records."""
+def lower_precision(settings: Settings, biencoder: TextEncoder, cmc: CMCBundle | None,
+                    cross_encoder: CrossEncoder | None) -> tuple[CrossEncoder | None, dict[str, dict]]:
+    """Puts the lower-precision query towers and CMC layers in place (models/precision.py); the cross-encoder to
+    serve /search and /rerank with, and every stage's record."""
     module, choice = lower_query_tower(biencoder, settings.precision)
     biencoder.query_module, record = module, {"bi_encoder_query": choice.as_dict()}
     if cmc is not None:
@@ -82,9 +81,12 @@ def lower_precision(settings: Settings, biencoder: TextEncoder, cmc: CMCBundle |
         if cmc.query_tower is not biencoder:  # a trained query tower of its own
             cmc.query_tower.query_module, choice = lower_query_tower(cmc.query_tower, settings.precision)
             record["cmc_query"] = choice.as_dict()
+    if cross_encoder is not None:
+        cross_encoder, choice = lower_cross_encoder(cross_encoder, settings.precision)
+        record["cross_encoder"] = choice.as_dict()
     for stage, rec in record.items():
         log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])
-    return record
+    return cross_encoder, record
 
 
 def load_late_ce(settings: Settings, device: torch.device) -> CrossEncoder | None:
