@@ -210,13 +210,16 @@ def same_order(sides: list[Side], docs: list[str]) -> dict[str, bool]:
     return {name: order == orders["infinity"] for name, order in orders.items()}
 
 
-def run_cells(sides: list[Side], cells: list[tuple[int, int]], args) -> list[dict]:
+def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report) -> list[dict]:
+    """Every cell, each written out (`report(rows)`) as soon as it is done."""
     documents, rows = long_documents(max(d for _, d in cells)), []
     for clients, n_docs in cells:
         docs = documents[:n_docs]
-        blocks: dict[str, list] = {s.name: [] for s in sides}
+        # the baseline measures reply-as-done, which only concurrent requests can show
+        here = [s for s in sides if s.name != "sieve-baseline" or clients > 1]
+        blocks: dict[str, list] = {s.name: [] for s in here}
         for r in range(args.rounds):
-            for side in (sides if r % 2 == 0 else sides[::-1]):  # ABBA: neither side always runs first
+            for side in (here if r % 2 == 0 else here[::-1]):  # ABBA: neither side always runs first
                 blocks[side.name].append(block(side, clients, docs, args.per_client))
         stats = {name: pooled(b) for name, b in blocks.items()}
         row = {"clients": clients, "docs": n_docs, **ratios(stats["sieve"], stats["infinity"]), "sides": stats}
@@ -226,6 +229,7 @@ def run_cells(sides: list[Side], cells: list[tuple[int, int]], args) -> list[dic
         print(f"  clients {clients} docs {n_docs}: docs/s ratio {row['docs_per_s_ratio']:.2f}, mean latency ratio "
               f"{row['mean_latency_ratio']:.2f}" + (f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}"
                                                      if "vs_baseline" in row else ""), flush=True)
+        report(rows)
     return rows
 
 
@@ -245,6 +249,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 round, 2 requests per client, 1 and 4 clients at 32 docs")
     parser.add_argument("--rounds", type=int, default=2, help="blocks per side per cell (sides alternate ABBA)")
     parser.add_argument("--per-client", type=int, default=4, help="measured requests per client per block")
+    parser.add_argument("--cells", default="1x32,4x32,1x100,4x100", help="clients x documents per request, in order")
     parser.add_argument("--baseline-ref", help="also serve Sieve at this git commit (the before of a change)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "peers.json")
     args = parser.parse_args(argv)
@@ -258,7 +263,7 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so the servers are stopped on the way out
     info = machine()
     print(f"machine: {info}", flush=True)
-    cells = [(1, 32), (4, 32)] if args.quick else [(1, 32), (4, 32), (1, 100), (4, 100)]
+    cells = [(1, 32), (4, 32)] if args.quick else [tuple(map(int, c.split("x"))) for c in args.cells.split(",")]
     with tempfile.TemporaryDirectory(prefix="sieve-peers-") as tmp:
         tmp = Path(tmp)
         ce = plain_cross_encoder(tmp / "minilm-ce")
@@ -271,14 +276,20 @@ def main(argv=None) -> None:
         try:
             precision = httpx.get(sides[0].url + "/readyz").json().get("precision", {})
             orders = same_order(sides, long_documents(32))
-            rows = run_cells(sides, cells, args)
+            report = lambda rows: write(args, info, precision, orders, rows)  # noqa: E731
+            rows = run_cells(sides, cells, args, report)
         finally:
             for side in sides:
                 side.stop()
-    info["load_avg_end"] = list(os.getloadavg())
+    print("\n" + table(rows))
+    print(f"same order as infinity: {orders}\nwrote {args.out}")
+
+
+def write(args, info: dict, precision: dict, orders: dict, rows: list[dict]) -> None:
+    info = {**info, "load_avg_now": list(os.getloadavg())}
     result = {"machine": info, "cpu_flags": info["cpu_flags"], "shared_machine": True,
-              "note": "run while other engineers ran tests on the same 2 cores: absolute numbers are loaded; the "
-                      "ratios come from interleaved blocks (ABBA) and are what counts",
+              "note": "run while other engineers ran tests on the same 2 cores (load average 7-10): absolute numbers "
+                      "are loaded; the ratios come from interleaved blocks (ABBA) and are what counts",
               "settings": {"sieve": {**SIEVE_SETTINGS, "precision_chosen": precision},
                            "infinity": {"version": INFINITY, "args": INFINITY_ARGS},
                            "checkpoint": "packaged all-MiniLM-L6-v2 body + seeded one-logit head (num_labels=1)",
@@ -289,8 +300,6 @@ def main(argv=None) -> None:
               "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "quick": args.quick}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n" + table(rows))
-    print(f"same order as infinity: {orders}\nwrote {args.out}")
 
 
 if __name__ == "__main__":
