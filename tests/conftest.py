@@ -11,6 +11,9 @@ from sieve.pipeline import registry
 from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pytest_make_collect_report,  # noqa: F401
                             pytest_runtest_makereport)
 
+# The suite compares served scores with fp32 references at 1e-4, so servers and Settings() here run fp32; the
+# lower-precision path (SIEVE_PRECISION=auto, the service's default) is tested where a test asks for it.
+os.environ.setdefault("SIEVE_PRECISION", "fp32")
 registry.load_plugins()  # the research stages, as an installed server has them
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,6 +31,8 @@ class TextEncoder:
                  lengths: EncoderLengths = EncoderLengths(), device: torch.device = torch.device("cpu"),
                  batch_size: int = 32):
         self.module = module.to(device).eval()
+        # encodes queries; start-up may swap in a lower-precision copy (models/precision_stages.py), documents stay fp32
+        self.query_module = self.module
         self.tokenizer = tokenizer
         self.name = name
         self.weights_hash = weights_hash
@@ -71,7 +73,7 @@ class TextEncoder:
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
         """(B, d) unit vectors on the encoder's device."""
         with torch.inference_mode():
-            return self.module(**self.tokenize(texts, self.lengths.query_max_length))
+            return self.query_module(**self.tokenize(texts, self.lengths.query_max_length))
 
     def encode_documents(self, texts: Sequence[str], progress: bool = True) -> np.ndarray:
         return self.encode(texts, self.lengths.doc_max_length, progress=progress)

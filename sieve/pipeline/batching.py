@@ -4,6 +4,10 @@ for more after the first). Model work therefore never runs on the event loop, an
 forward passes. A waiter that gives up (its deadline passed) cancels its future; a cancelled item that has not
 started is dropped before the forward pass, so it costs nothing.
 
+Replies as soon as each request is done: `compute` may return an iterator of (item index, result) pairs instead of
+the list, yielding each item as soon as its own rows are scored (a stage's `compute_each`); the batcher answers
+that item's waiter at once instead of when the whole merged batch is done. Every item must be yielded once.
+
 `Direct` is the same interface without batching: each item is computed on its own in a thread pool (what the
 service does with SIEVE_BATCHING=false, and the baseline of benchmarks/load.py).
 """
@@ -15,11 +19,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 log = logging.getLogger("sieve.batching")
 
-Compute = Callable[[Sequence[Any]], Sequence[Any]]  # items of many requests -> one result per item, in order
+# items of many requests -> one result per item, in order; or (item index, result) pairs as items finish
+Compute = Callable[[Sequence[Any]], Sequence[Any] | Iterator[tuple[int, Any]]]
 OnBatch = Callable[[str, int], None]  # (model name, batch size) after each forward pass
 
 
@@ -81,18 +86,37 @@ class Batcher:
                 self.run(live)
 
     def run(self, live: list) -> None:
+        answered = [False] * len(live)
         try:
-            results = self.compute([item for item, _ in live])
-            assert len(results) == len(live), f"{self.name}: {len(results)} results for {len(live)} items"
-        except BaseException as exc:  # noqa: BLE001 - every waiter gets the error, the worker lives on
+            for i, result in as_pairs(self.compute([item for item, _ in live]), len(live)):
+                assert not answered[i], f"{self.name}: item {i} answered twice"
+                answered[i] = True
+                live[i][1].set_result(result)  # its waiter goes on now, while later rows are still being scored
+            assert all(answered), f"{self.name}: {answered.count(False)} of {len(live)} items got no result"
+        except BaseException as exc:  # noqa: BLE001 - every waiter still waiting gets the error, the worker lives on
             log.exception("batch of %d on %s failed", len(live), self.name)
-            for _, fut in live:
-                fut.set_exception(exc)
+            for (_, fut), done in zip(live, answered):
+                if not done:
+                    fut.set_exception(exc)
             return
         if self.on_batch:
             self.on_batch(self.name, len(live))
-        for (_, fut), result in zip(live, results):
-            fut.set_result(result)
+
+
+def as_pairs(output: Sequence[Any] | Iterable[tuple[int, Any]], n: int) -> Iterable[tuple[int, Any]]:
+    """(item index, result) pairs from either form of a compute's output."""
+    if isinstance(output, (list, tuple)):
+        assert len(output) == n, f"{len(output)} results for {n} items"
+        return enumerate(output)
+    return output
+
+
+def in_order(output: Sequence[Any] | Iterable[tuple[int, Any]], n: int) -> list[Any]:
+    """One result per item, in item order, from either form of a compute's output."""
+    results: list[Any] = [None] * n
+    for i, result in as_pairs(output, n):
+        results[i] = result
+    return results
 
 
 class Direct:
@@ -105,7 +129,7 @@ class Direct:
         self.on_batch = on_batch
 
     def one(self, item: Any) -> Any:
-        result = self.compute([item])[0]
+        result = in_order(self.compute([item]), 1)[0]
         if self.on_batch:
             self.on_batch(self.name, 1)
         return result

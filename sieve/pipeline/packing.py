@@ -29,6 +29,21 @@ def chunks_under_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return chunks
 
 
+def chunks_in_order(lengths: Sequence[int], order: Sequence[int], budget: int) -> list[list[int]]:
+    """`order` cut into consecutive chunks whose size x longest length stays within `budget` (at least one index
+    each): packing that keeps a given order, e.g. request by request so each request finishes early."""
+    chunks, current, longest = [], [], 0
+    for i in order:
+        if current and (len(current) + 1) * max(longest, lengths[i]) > budget:
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, lengths[i])
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 def pad_lists(lists: Sequence[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """B arrays (K_b, ...) -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows."""
     longest = max(len(c) for c in lists)

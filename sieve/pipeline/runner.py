@@ -28,7 +28,8 @@ def run_stage(stage, state: QueryState, runners: Runners, budgets_ms: dict[str, 
             state.ran.append(stage.name)
         return state
     with state.timed(stage.name):
-        future = runners.get(stage.batch_key, stage.compute).submit(stage.prepare(state))
+        compute = getattr(stage, "compute_each", stage.compute)  # reply-as-done: answers each item as it finishes
+        future = runners.get(stage.batch_key, compute).submit(stage.prepare(state))
         try:
             result = future.result(timeout=budget)
         except FutureTimeout:

@@ -10,11 +10,13 @@ A stage may also declare (pipeline/runner.py reads these, so deadlines and batch
   `finish(state, result) -> state`. `compute` does the model work for items of many requests in one go and must
   use only the stage's model, never per-request attributes: stages with the same batch_key share one batcher
   whose compute is the first instance's. A result of None means the item ran out of time inside compute.
-  `__call__` is then `finish(state, compute([prepare(state)])[0])`, the unbatched path.
+  `__call__` is then `finish(state, compute([prepare(state)])[0])`, the unbatched path. Optionally
+  `compute_each(items)` yields (item index, result) as each item finishes; the batcher then answers each request
+  as soon as its own rows are scored (pipeline/batching.py).
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +25,8 @@ from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.evidence import be_of, bm25_of, features
-from sieve.pipeline.packing import chunks_under_budget, expired, pad_candidates, pad_lists, trim_to_longest
+from sieve.pipeline.batching import in_order
+from sieve.pipeline.packing import chunks_in_order, chunks_under_budget, expired, pad_candidates, pad_lists, trim_to_longest
 from sieve.pipeline.state import QueryState
 
 
@@ -96,21 +99,23 @@ class CMCRerank:
         return query, vectors, state.deadline, evidence
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
-        results: list[np.ndarray | None] = [None] * len(items)
+        return in_order(self.compute_each(items), len(items))
+
+    # reply-as-done (pipeline/batching.py): yields each item when its chunk is scored, smallest chunks first
+    def compute_each(self, items: Sequence[tuple]) -> Iterator[tuple[int, np.ndarray | None]]:
         device = self.bundle.query_tower.device
-        for chunk in chunks_under_budget([len(item[1]) for item in items], self.batch_candidates):
-            chunk = [i for i in chunk if not expired(items[i][2])]
-            if not chunk:
+        for chunk in reversed(chunks_under_budget([len(item[1]) for item in items], self.batch_candidates)):
+            live = [i for i in chunk if not expired(items[i][2])]
+            yield from ((i, None) for i in chunk if i not in live)
+            if not live:
                 continue
-            query, cands, mask = pad_candidates([items[i][0] for i in chunk], [items[i][1] for i in chunk], device)
+            query, cands, mask = pad_candidates([items[i][0] for i in live], [items[i][1] for i in live], device)
             evidence = None
             if self.bundle.config.evidence:
-                evidence, _ = pad_lists([items[i][3] for i in chunk], device)
+                evidence, _ = pad_lists([items[i][3] for i in live], device)
             with torch.inference_mode():
                 scores = self.bundle.model(query, cands, mask, evidence).float().cpu().numpy()  # (B, K)
-            for b, i in enumerate(chunk):
-                results[i] = scores[b, :len(items[i][1])]
-        return results
+            yield from ((i, scores[b, :len(items[i][1])]) for b, i in enumerate(live))
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         state.candidates = state.candidates.rerank_head("cmc", scores)
@@ -148,27 +153,37 @@ class CrossEncoderRerank:
         return state.query, self.texts(state.candidates, n), state.deadline
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
-        if not any(texts for _, texts, _ in items):
-            return [np.empty(0, dtype=np.float32) for _ in items]
+        return in_order(self.compute_each(items), len(items))
+
+    # reply-as-done (pipeline/batching.py): requests in order of their tokens (shortest first), each request's
+    # pairs longest first, packed under batch_tokens; a request is yielded as soon as its last pair is scored
+    def compute_each(self, items: Sequence[tuple]) -> Iterator[tuple[int, np.ndarray | None]]:
+        yield from ((i, np.empty(0, dtype=np.float32)) for i, (_, texts, _) in enumerate(items) if not texts)
         owner = [i for i, (_, texts, _) in enumerate(items) for _ in texts]  # item of each pair
+        if not owner:
+            return
         queries = [q for q, texts, _ in items for _ in texts]
         docs = [t for _, texts, _ in items for t in texts]
         ce = self.cross_encoder
         assert ce.tokenizer.padding_side == "right", "trim_to_longest cuts padding columns on the right"
         batch = ce.tokenize_pairs(queries, docs)
         lengths = batch["attention_mask"].sum(dim=1).tolist()
+        tokens = np.bincount(owner, weights=lengths, minlength=len(items))  # per item
+        order = sorted(range(len(docs)), key=lambda p: (tokens[owner[p]], owner[p], -lengths[p]))
+        starts = np.cumsum([0] + [len(texts) for _, texts, _ in items])
+        left = [len(texts) for _, texts, _ in items]
         scores = np.full(len(docs), np.nan, dtype=np.float32)
-        with torch.inference_mode():
-            for chunk in chunks_under_budget(lengths, self.batch_tokens):
-                chunk = [p for p in chunk if not expired(items[owner[p]][2])]
-                if chunk:
-                    scores[chunk] = ce.scorer(**trim_to_longest(batch, chunk)).float().cpu().numpy()
-        out, start = [], 0
-        for _, texts, _ in items:
-            part = scores[start:start + len(texts)]
-            out.append(None if np.isnan(part).any() else part)
-            start += len(texts)
-        return out
+        for chunk in chunks_in_order(lengths, order, self.batch_tokens):
+            live = [p for p in chunk if not expired(items[owner[p]][2])]
+            if live:
+                with torch.inference_mode():
+                    scores[live] = ce.scorer(**trim_to_longest(batch, live)).float().cpu().numpy()
+            for p in chunk:
+                i = owner[p]
+                left[i] -= 1
+                if left[i] == 0:
+                    part = scores[starts[i]:starts[i + 1]]
+                    yield i, (None if np.isnan(part).any() else part)
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         state.candidates = state.candidates.rerank_head(self.name, scores)  # "ce", or a subclass's own name

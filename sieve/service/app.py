@@ -57,7 +57,9 @@ def fingerprint(components: Components, settings: Settings) -> str:
         model = s.models.get(spec.name)
         stages[spec.name] = None if model is None else (spec.identity or model_identity)(model)
     return digest(json.dumps([model_identity(s.biencoder), stages, settings.query_max_length,
-                              settings.query_overflow], sort_keys=True, default=str))
+                              settings.query_overflow,
+                              {stage: c["dtype"] for stage, c in components.precision.items()}],  # int8 scores differ
+                             sort_keys=True, default=str))
 
 
 def start_services(app: FastAPI, settings: Settings, components: Components) -> None:

@@ -6,13 +6,15 @@ registration order: a stage's loader sees the settings, its own settings class, 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 import sieve.stages  # noqa: F401 (registers the core stages)
 from sieve.index import SearchIndex
+from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.device import pick_device
+from sieve.models.precision_stages import lower_cmc, lower_cross_encoder, lower_query_tower
 from sieve.models.text_encoder import EncoderLengths, TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.registry import LoadContext
@@ -27,6 +29,7 @@ log = logging.getLogger("sieve")
 class Components:
     searcher: Searcher
     device: str
+    precision: dict[str, dict] = field(default_factory=dict)  # stage -> models.precision.Choice.as_dict()
 
     def model_names(self) -> dict[str, str | None]:
         """/readyz `models`: the bi-encoder and every registered stage with a model (null = not loaded)."""
@@ -100,5 +103,27 @@ def load_components(settings: Settings) -> Components:
     models = load_stages(settings, device, biencoder, index)
     log.info("loaded index %s (%d docs, version %d) on %s; stages with models: %s", settings.index_dir, index.size,
              index.version, device, ", ".join(models) or "none")
+    precision = lower_precision(settings, biencoder, models)  # after every load: annCUR keeps its fp32 cross-encoder
     searcher = Searcher(biencoder, index, models=models, **searcher_options(settings))
-    return Components(searcher, str(device))
+    return Components(searcher, str(device), precision)
+
+
+def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) -> dict[str, dict]:
+    """Puts the lower-precision query towers and CMC layers in place (models/precision.py) and a lowered copy of the
+    in-process cross-encoder into `models` (a remote one is left alone); returns every stage's record."""
+    cmc = models.get("cmc")
+    cross_encoder = models.get("ce") if isinstance(models.get("ce"), CrossEncoder) else None
+    module, choice = lower_query_tower(biencoder, settings.precision)
+    biencoder.query_module, record = module, {"bi_encoder_query": choice.as_dict()}
+    if cmc is not None:
+        cmc.model, choice = lower_cmc(cmc, biencoder, settings.precision)
+        record["cmc"] = choice.as_dict()
+        if cmc.query_tower is not biencoder:  # a trained query tower of its own
+            cmc.query_tower.query_module, choice = lower_query_tower(cmc.query_tower, settings.precision)
+            record["cmc_query"] = choice.as_dict()
+    if cross_encoder is not None:
+        models["ce"], choice = lower_cross_encoder(cross_encoder, settings.precision)
+        record["cross_encoder"] = choice.as_dict()
+    for stage, rec in record.items():
+        log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])
+    return record

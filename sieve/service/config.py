@@ -65,6 +65,7 @@ class Settings(BaseSettings):
     rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'; chosen once at start-up.")
+    precision: Literal["auto", "fp32"] = Field("auto", description="auto: bi-encoder query tower, CMC and cross-encoder run in the lowest precision the device has and that keeps rankings (bf16 with AVX-512 BF16/AMX, int8 linear layers with VNNI, fp16 on CUDA; see docs/performance.md and /readyz); fp32: everything in fp32.")
     torch_threads: int | None = Field(None, ge=1, description="Torch intra-op threads; unset = torch's default.")
     faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when CUDA and faiss-gpu are present (not HNSW).")
     nprobe: int = Field(16, ge=1, description="IVF cells probed per query.")

@@ -190,7 +190,7 @@ def readyz(components: ComponentsDep, settings: SettingsDep):
     index, remote = components.searcher.index, components.searcher.remote_ce
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
-                         remote_cross_encoder=remote.status() if remote else None)
+                         remote_cross_encoder=remote.status() if remote else None, precision=components.precision)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

@@ -251,6 +251,12 @@ class RemoteCrossEncoderStatus(Reply):
     retry_in_s: float | None = Field(None, description="While open: seconds until a probe call is let through.")
 
 
+class StagePrecision(Reply):
+    dtype: Literal["fp32", "bf16", "fp16", "int8"] = Field(..., description="Number format of the stage's weights and matmuls (int8: dynamically quantised linear layers).")
+    reason: str = Field(..., description="Why this format: the device's capabilities, SIEVE_PRECISION=fp32, or a failed quality guard.")
+    spearman: float | None = Field(None, description="Lowest Spearman rank correlation of the stage's scores with fp32 on the start-up probe inputs; null when it runs in fp32 by choice.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -264,3 +270,4 @@ class Ready(Reply):
     remote_cross_encoder: RemoteCrossEncoderStatus | None = Field(
         None, description="The remote cross-encoder and its circuit breaker, when SIEVE_CE_URL is set; the server "
                           "stays ready while it is down (answers are then partial, skipping ce).")
+    precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")

@@ -12,7 +12,7 @@ import torch
 from sieve.models.cmc import randomize_gates
 from sieve.models.cmc_checkpoint import untrained_cmc
 from sieve.pipeline.batching import Batcher, BatchConfig
-from sieve.pipeline.packing import chunks_under_budget
+from sieve.pipeline.packing import chunks_in_order, chunks_under_budget
 from sieve.pipeline.searcher import SearchParams, Searcher
 from sieve.pipeline.stages import CMCRerank, CrossEncoderRerank
 from tests.fakes import tiny_cross_encoder
@@ -27,6 +27,54 @@ def test_chunks_respect_the_budget_and_cover_everything():
     assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
     for chunk in chunks:
         assert len(chunk) == 1 or len(chunk) * max(lengths[i] for i in chunk) <= 600
+
+
+def test_chunks_in_order_keep_the_order_and_the_budget():
+    lengths, order = [5, 300, 40, 40, 41, 7, 512, 1], [7, 0, 5, 2, 3, 4, 1, 6]
+    chunks = chunks_in_order(lengths, order, budget=600)
+    assert [i for c in chunks for i in c] == order
+    assert all(len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 600 for c in chunks)
+
+
+def test_batcher_answers_each_item_as_soon_as_compute_yields_it():
+    gate = threading.Event()
+
+    def compute_each(items):  # the second item is only finished once the test has seen the first answered
+        yield 1, items[1] * 10
+        assert gate.wait(5)
+        yield 0, items[0] * 10
+
+    batcher = Batcher("t", compute_each, max_size=2, max_wait_ms=200)
+    first, second = batcher.submit(1), batcher.submit(2)
+    assert second.result(5) == 20 and not first.done()
+    gate.set()
+    assert first.result(5) == 10
+    batcher.close()
+
+
+def test_batcher_gives_the_error_to_items_not_yet_answered():
+    def compute_each(items):
+        yield 0, "ok"
+        raise ValueError("boom")
+
+    batcher = Batcher("t", compute_each, max_size=2, max_wait_ms=200)
+    done, failed = batcher.submit("a"), batcher.submit("b")
+    assert done.result(5) == "ok"
+    with pytest.raises(ValueError, match="boom"):
+        failed.result(5)
+    batcher.close()
+
+
+def test_cross_encoder_answers_the_smaller_request_first_with_the_same_scores(biencoder):
+    ce = tiny_cross_encoder(biencoder.tokenizer)
+    stage = CrossEncoderRerank(ce, index=None, k=100, batch_tokens=64)  # several forward passes
+    long_docs = [f"document number {i} about the history of bread, flour and yeast in Rome" for i in range(6)]
+    items = [("bread", long_docs, None), ("stars", ["A telescope.", "Galaxies far away."], None), ("none", [], None)]
+    answered = list(stage.compute_each(items))
+    assert [i for i, _ in answered] == [2, 1, 0]  # empty first, then by tokens: the short request before the long
+    for i, scores in answered:
+        query, texts, _ = items[i]
+        np.testing.assert_allclose(scores, ce.score(query, texts).numpy() if texts else [], rtol=1e-4, atol=1e-4)
 
 
 def test_batcher_groups_concurrent_items_and_keeps_their_order():

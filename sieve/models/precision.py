@@ -1,0 +1,136 @@
+"""Lower precision where the hardware has it, guarded by rank agreement with fp32.
+
+Chosen once at start-up by the caller (never inside model code), per stage:
+- CUDA: fp16 weights (more mantissa than bf16, so rankings move less).
+- CPU with native bf16 (AVX-512 BF16 or AMX, and oneDNN says so): bf16 weights.
+- CPU with int8 kernels (fbgemm / x86 engine: AVX2, faster with AVX-512 VNNI): dynamic int8 quantisation of the
+  linear layers (weights int8, activations quantised per batch), everything else fp32; offered only where the
+  caller allows it (CMC): the MiniLM towers lose too much rank agreement in int8 (Spearman 0.93-0.97 on the probes,
+  docs/performance.md), so a CPU without native bf16 runs them in fp32.
+- otherwise, or with SIEVE_PRECISION=fp32: fp32.
+bf16 without native support is emulated and 2-4x slower than fp32, so it is never picked on such a CPU.
+
+The guard: the lowered model scores fixed probe inputs (the caller's `probe`) and is kept only when every
+probe's Spearman rank correlation with the fp32 scores is >= MIN_SPEARMAN; otherwise the stage stays fp32 and
+the record says why. Models stay pure: a lowered model is a new module, the fp32 one is untouched.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+MODES = ("auto", "fp32")
+MIN_SPEARMAN = 0.99
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+Probe = Callable[[nn.Module], np.ndarray]  # module -> scores (P, N) of fixed inputs: P rankings of N items
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a stage runs in, and why."""
+
+    dtype: str  # fp32 | bf16 | fp16 | int8
+    reason: str
+    spearman: float | None = None  # worst probe's rank correlation with fp32; None when not lowered
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    if not cpuinfo.exists():
+        return set()
+    line = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def native_bf16() -> bool:
+    flags = cpu_flags()
+    return bool({"avx512_bf16", "amx_bf16"} & flags) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def int8_kernels() -> bool:
+    return bool({"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines)) and "avx2" in cpu_flags()
+
+
+def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> tuple[str, str]:
+    """(dtype, reason) for a stage on this device; int8=False: the stage does not keep its rankings in int8."""
+    if mode not in MODES:
+        raise ValueError(f"precision {mode!r} is not one of {MODES}")
+    if mode == "fp32":
+        return "fp32", "SIEVE_PRECISION=fp32"
+    if device.type == "cuda":
+        return "fp16", "CUDA"
+    if native_bf16():
+        return "bf16", "CPU has native bf16 (avx512_bf16/amx_bf16)"
+    if int8 and int8_kernels():
+        vnni = "avx512_vnni" in cpu_flags() or "avx_vnni" in cpu_flags()
+        return "int8", f"CPU has int8 kernels ({'VNNI' if vnni else 'AVX2'}) but no native bf16"
+    return "fp32", "no native bf16 on this device" + ("" if int8 else " (int8 fails the rank guard for this stage)")
+
+
+class CastFloats(nn.Module):
+    """Runs `inner` (weights in `dtype`) on float32 inputs and gives float32 outputs; other attributes of the
+    inner module (a head's pair_inputs, parts, ...) stay reachable."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, *args, **kwargs):
+        cast = lambda x: x.to(self.dtype) if torch.is_tensor(x) and x.is_floating_point() else x  # noqa: E731
+        out = self.inner(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        return out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+
+def lowered(module: nn.Module, dtype: str, only: str | None = None) -> nn.Module:
+    """A copy of `module` in `dtype`; int8 quantises the nn.Linear layers (only those under submodule `only`)."""
+    if dtype == "fp32":
+        return module
+    if dtype == "int8":
+        from torch.ao.quantization import quantize_dynamic
+
+        out = copy.deepcopy(module)
+        target = out.get_submodule(only) if only else out
+        quantize_dynamic(target, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        return out.eval()
+    return CastFloats(copy.deepcopy(module).to(DTYPES[dtype]), DTYPES[dtype]).eval()
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two score vectors (ties broken by position; probes have none in practice)."""
+    ra, rb = np.argsort(np.argsort(a)).astype(np.float64), np.argsort(np.argsort(b)).astype(np.float64)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / np.sqrt((ra * ra).sum() * (rb * rb).sum()))
+
+
+def worst_spearman(reference: np.ndarray, scores: np.ndarray) -> float:
+    """Lowest per-row Spearman of (P, N) score matrices."""
+    assert reference.shape == scores.shape, f"{reference.shape} != {scores.shape}"
+    return min(spearman(r, s) for r, s in zip(np.atleast_2d(reference), np.atleast_2d(scores)))
+
+
+def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only: str | None = None,
+          int8: bool = True) -> tuple[nn.Module, Choice]:
+    """The best dtype for this device if it keeps the probe's rankings, else the fp32 module itself."""
+    dtype, reason = best_dtype(device, mode, int8)
+    if dtype == "fp32":
+        return module, Choice("fp32", reason)
+    candidate = lowered(module, dtype, only)
+    rho = worst_spearman(probe(module), probe(candidate))
+    if rho < MIN_SPEARMAN:
+        return module, Choice("fp32", f"{dtype} failed the guard (Spearman {rho:.4f} < {MIN_SPEARMAN})", rho)
+    return candidate, Choice(dtype, reason, rho)

@@ -1,0 +1,97 @@
+"""The three stages that run in lower precision (models/precision.py), each with its guard probe: fixed inputs
+from the packaged demo corpus, scored by the fp32 and the lowered module.
+
+Each function returns (module to serve, Choice); the caller puts the module in place. Document encoding always
+stays fp32 (the index was built in fp32, and live additions must match it): only the query path is lowered.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from sieve.models.cmc_checkpoint import CMCBundle
+from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.precision import Choice, Probe, lower
+from sieve.models.text_encoder import TextEncoder
+
+DEMO_CORPUS = Path(__file__).resolve().parents[1] / "demo_corpus.jsonl"
+N_QUERIES, N_DOCS = 8, 32  # probe rankings, items per ranking
+
+
+@lru_cache(maxsize=1)
+def probe_texts() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Queries (titles of every 7th document) and documents (the first N_DOCS texts) of the demo corpus."""
+    docs = [json.loads(line) for line in DEMO_CORPUS.read_text().splitlines() if line.strip()]
+    return tuple(d["title"] for d in docs[::7][:N_QUERIES]), tuple(d["text"] for d in docs[:N_DOCS])
+
+
+def doc_vectors(encoder: TextEncoder) -> torch.Tensor:
+    return torch.from_numpy(encoder.encode(list(probe_texts()[1]), encoder.lengths.doc_max_length))  # (N, d) fp32
+
+
+def query_probe(encoder: TextEncoder) -> Probe:
+    """Inner products of the probe queries, encoded by the module, with fp32 probe document vectors."""
+    docs = doc_vectors(encoder).to(encoder.device)
+    inputs = encoder.tokenize(list(probe_texts()[0]), encoder.lengths.query_max_length)
+
+    def probe(module: nn.Module) -> np.ndarray:
+        with torch.inference_mode():
+            return (module(**inputs).float() @ docs.T).cpu().numpy()  # (P, N)
+
+    return probe
+
+
+def cmc_probe(bundle: CMCBundle, biencoder: TextEncoder) -> Probe:
+    """A CMC module scoring each probe query (fp32 vector) against all probe documents."""
+    device = bundle.query_tower.device
+    cands = doc_vectors(biencoder).to(device)  # (N, d)
+    queries = torch.from_numpy(biencoder.encode(list(probe_texts()[0]), biencoder.lengths.query_max_length)).to(device)
+    P, (N, d) = len(queries), cands.shape
+    features = None
+    if bundle.config.evidence:  # feature 0 is the first-stage prior (-log1p(rank)); the rest seeded noise
+        gen = torch.Generator().manual_seed(0)
+        features = torch.randn(P, N, bundle.config.evidence, generator=gen)  # (P, N, F)
+        features[..., 0] = -torch.log1p(torch.arange(N, dtype=torch.float32))
+        features = features.to(device)
+
+    def probe(module: nn.Module) -> np.ndarray:
+        with torch.inference_mode():
+            return module(queries, cands.expand(P, N, d), None, features).float().cpu().numpy()  # (P, N)
+
+    return probe
+
+
+def ce_probe(ce: CrossEncoder, n_queries: int = 4, n_docs: int = N_DOCS) -> Probe:
+    """A pair scorer on n_queries probe queries x n_docs probe documents."""
+    queries, docs = probe_texts()
+    batches = [ce.tokenize_pairs(q, list(docs[:n_docs])) for q in queries[:n_queries]]
+
+    def probe(module: nn.Module) -> np.ndarray:
+        with torch.inference_mode():
+            return np.stack([module(**batch).float().cpu().numpy() for batch in batches])  # (n_queries, n_docs)
+
+    return probe
+
+
+def lower_query_tower(encoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:
+    """The module to encode queries with (documents stay with encoder.module, fp32)."""
+    return lower(encoder.module, encoder.device, mode, query_probe(encoder), int8=False)
+
+
+def lower_cmc(bundle: CMCBundle, biencoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:
+    """The CMC module to serve; only its attention layers are lowered (the evidence weights stay fp32)."""
+    return lower(bundle.model, bundle.query_tower.device, mode, cmc_probe(bundle, biencoder), only="layers")
+
+
+def lower_cross_encoder(ce: CrossEncoder, mode: str) -> tuple[CrossEncoder, Choice]:
+    """A CrossEncoder sharing tokenizer and settings with the scorer to serve."""
+    scorer, choice = lower(ce.scorer, ce.device, mode, ce_probe(ce), int8=False)
+    if scorer is ce.scorer:
+        return ce, choice
+    return CrossEncoder(scorer, ce.tokenizer, name=ce.name, weights_hash=ce.weights_hash, lengths=ce.lengths,
+                        device=ce.device, batch_size=ce.batch_size), choice
