@@ -39,20 +39,27 @@ def start_prometheus(target: str, rule_file: Path, tmp_path: Path) -> tuple[subp
     return proc, f"http://127.0.0.1:{port}"
 
 
-def alert_state(prom: str, name: str) -> str:
+def prometheus_api(prom: str, path: str, **params) -> dict | None:
+    """The API answer's data, or None while Prometheus is not up or not ready yet (it answers 503 'Service
+    Unavailable', not JSON, until its storage is open)."""
     try:
-        alerts = httpx.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        response = httpx.get(f"{prom}{path}", params=params, timeout=5)
     except httpx.TransportError:
+        return None
+    return response.json()["data"] if response.status_code == 200 else None
+
+
+def alert_state(prom: str, name: str) -> str:
+    data = prometheus_api(prom, "/api/v1/alerts")
+    if data is None:
         return "no prometheus yet"
+    alerts = data["alerts"]
     return next((a["state"] for a in alerts if a["labels"]["alertname"] == name), "inactive")
 
 
 def redis_up_seen(prom: str) -> list[float]:
-    try:
-        result = httpx.get(f"{prom}/api/v1/query", params={"query": "sieve_redis_up"}, timeout=5).json()
-    except httpx.TransportError:
-        return []
-    return [float(r["value"][1]) for r in result["data"]["result"]]
+    data = prometheus_api(prom, "/api/v1/query", query="sieve_redis_up")
+    return [] if data is None else [float(r["value"][1]) for r in data["result"]]
 
 
 def poll(condition, within_s: float, what: str, tick=lambda: None) -> None:

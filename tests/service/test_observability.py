@@ -52,7 +52,8 @@ def prometheus(guarded_server, tmp_path):
                 if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.3)
+                pass
+            time.sleep(0.3)  # not up, or up but not ready (503) yet
         else:
             pytest.fail(f"prometheus did not start:\n{(tmp_path / 'prometheus.log').read_text()[-3000:]}")
         yield url
