@@ -133,17 +133,27 @@ class StageSpec:
 
 
 _STAGES: dict[str, StageSpec] = {}
+_SCORE_KEYS: set[str] = {FIRST_STAGE_SCORE}  # every registered score column, kept with _STAGES (read per stage boundary)
+_RANKING_KEYS: set[str] = {FIRST_STAGE_SCORE}  # the column each stage ranks by
 
 
 def register(spec: StageSpec, replace: bool = False) -> StageSpec:
     if spec.name in _STAGES and not replace and _STAGES[spec.name] is not spec:
         raise ValueError(f"a stage named {spec.name!r} is already registered")
     _STAGES[spec.name] = spec
+    _derive_keys()
     return spec
 
 
 def unregister(name: str) -> None:
     _STAGES.pop(name, None)
+    _derive_keys()
+
+
+def _derive_keys() -> None:
+    global _SCORE_KEYS, _RANKING_KEYS
+    _SCORE_KEYS = {FIRST_STAGE_SCORE} | {key for spec in _STAGES.values() for key in spec.scores}
+    _RANKING_KEYS = {FIRST_STAGE_SCORE} | {spec.scores[0] for spec in _STAGES.values()}
 
 
 @contextmanager
@@ -169,7 +179,13 @@ def names(role: str | None = None) -> list[str]:
 
 
 def score_keys() -> set[str]:
-    return {FIRST_STAGE_SCORE} | {key for spec in _STAGES.values() for key in spec.scores}
+    """Every score column a candidate list may hold."""
+    return _SCORE_KEYS
+
+
+def ranking_keys() -> set[str]:
+    """The column each registered stage ranks by (the first of its score keys)."""
+    return _RANKING_KEYS
 
 
 def timing_keys() -> list[str]:

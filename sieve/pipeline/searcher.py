@@ -251,17 +251,18 @@ class Searcher:
             plan.append((spec, self.model(spec, field)))
         return plan
 
-    def plan(self, params: SearchParams, retrieve_k: int, index=None) -> list[Stage]:
-        index = index if index is not None else self.index
+    def plan(self, checked: list[tuple[StageSpec, Any]], params: SearchParams, retrieve_k: int, index) -> list[Stage]:
+        """The stages of the specs check_params returned, built for this request's index version."""
         stages: list[Stage] = []
-        for spec, model in self.check_params(params, index):
+        for spec, model in checked:
             k = params.cmc_k if spec.role == CROSS_ENCODER else retrieve_k
             stages += spec.build(BuildContext(model, index, k, params, self.options, self.models))
         return stages
 
-    def towers(self, params: SearchParams) -> dict[str, TextEncoder]:
+    def towers(self, checked: list[tuple[StageSpec, Any]]) -> dict[str, TextEncoder]:
+        """The query encodings the checked stages read."""
         towers: dict[str, TextEncoder] = {}
-        for spec, model in self.check_params(params):
+        for spec, model in checked:
             if spec.query_towers:
                 towers.update(spec.query_towers(model, self.biencoder))
         return towers
@@ -271,14 +272,14 @@ class Searcher:
         state = self.new_state(params.query, params.timeout_ms)
         index = state.index
         params = self.resolve(params, index)
-        self.check_params(params, index)
+        checked = self.check_params(params, index)
         state.use_cache = params.use_cache
         retrieve_k = params.retrieve_k
         if retrieve_k > index.size:
             state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
             retrieve_k = index.size
-        stages = self.plan(params, retrieve_k, index)
-        self.encode_query(state, self.towers(params))
+        stages = self.plan(checked, params, retrieve_k, index)
+        self.encode_query(state, self.towers(checked))
         state = self.run(stages, state)
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))

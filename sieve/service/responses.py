@@ -5,7 +5,6 @@ import math
 import uuid
 
 from sieve.pipeline import registry
-from sieve.pipeline.registry import FIRST_STAGE_SCORE
 from sieve.pipeline.searcher import Outcome
 from sieve.service import schemas
 
@@ -17,8 +16,7 @@ def score_or_none(value: float) -> float | None:
 def final_score(scores: dict, rank: int) -> float:
     """The score of the last stage that scored this candidate (the CE scores only the head of the list): columns
     are in the order the stages added them, and each stage ranks by the first column it declares."""
-    ranking = {FIRST_STAGE_SCORE} | {spec.scores[0] for spec in registry.stages()}
-    for column in reversed([c for c in scores if c in ranking]):
+    for column in reversed([c for c in scores if c in registry.ranking_keys()]):
         if not math.isnan(scores[column][rank]):
             return float(scores[column][rank])
     raise AssertionError("every candidate has a retrieve score")

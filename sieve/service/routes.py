@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sieve.pipeline import registry
 from sieve.pipeline.errors import RequestError
 from sieve.pipeline.searcher import RerankItem, SearchParams
 from sieve.service import schemas
@@ -19,7 +20,6 @@ from sieve.service.components import Components
 from sieve.service.config import Settings
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
-from sieve.pipeline import registry
 from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
 
 router = APIRouter()

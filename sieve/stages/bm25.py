@@ -1,11 +1,10 @@
 """bm25: BM25 over title + text, the lexical part inside each index version (sieve/index/lexical.py)."""
 from sieve.pipeline.first_stage import LexicalRetrieve
 from sieve.pipeline.registry import RETRIEVER, StageSpec, register
-from sieve.stages.common import require_lexical
 
 SPEC = register(StageSpec(
     name="bm25", role=RETRIEVER, summary="BM25 over the index's lexical part",
-    build=lambda ctx: [LexicalRetrieve(require_lexical(ctx.index), ctx.k)],
+    build=lambda ctx: [LexicalRetrieve(ctx.index, ctx.k)],
     score_keys=("retrieve", "bm25"), timing_keys=("bm25",), needs=("lexical",),
     reads=("lexical_enabled", "lexical_language"),
 ))

@@ -2,11 +2,10 @@
 first-stage scores (columns be and bm25)."""
 from sieve.pipeline.first_stage import HybridRetrieve
 from sieve.pipeline.registry import RETRIEVER, StageSpec, register
-from sieve.stages.common import require_lexical
 
 SPEC = register(StageSpec(
     name="hybrid", role=RETRIEVER, summary="reciprocal-rank fusion of be and bm25",
-    build=lambda ctx: [HybridRetrieve(require_lexical(ctx.index), ctx.k, ctx.options.hybrid)],
+    build=lambda ctx: [HybridRetrieve(ctx.index, ctx.k, ctx.options.hybrid)],
     query_towers=lambda model, biencoder: {"be": biencoder},
     score_keys=("retrieve", "be", "bm25"), timing_keys=("be_encode", "mips", "bm25", "fuse"), needs=("lexical",),
     reads=("hybrid_depth", "rrf_k", "hybrid_weight_be", "hybrid_weight_bm25"),
