@@ -58,10 +58,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # -- 1. matmul throughput -----------------------------------------------------------------------------------
-def matmul_gflops(n: int = 2048, warmup: int = 2, runs: int = 10) -> dict:
-    """Best and median GFLOP/s of an fp32 n x n matmul; the best is the bound CMC is compared against."""
+def matmul_gflops(n: int = 2048, warmup: int = 2, runs: int = 10, dtype: torch.dtype = torch.float32) -> dict:
+    """Best and median GFLOP/s of an n x n matmul in `dtype`; the best fp32 one is the bound CMC is compared against."""
     gen = torch.Generator().manual_seed(SEED)
-    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+    a, b = torch.randn(n, n, generator=gen).to(dtype), torch.randn(n, n, generator=gen).to(dtype)
     with torch.inference_mode():
         for _ in range(warmup):
             torch.matmul(a, b)

@@ -7,6 +7,12 @@ work; queries are SciFact's test queries (or the demo queries), each client star
 
     python benchmarks/load.py                       # SciFact index, 20 s per cell (~6 min with a warm cache)
     python benchmarks/load.py --quick --out /tmp/load.json   # demo index, 4 s per cell, 1/4/16 clients
+
+`--baseline-ref REF` also serves Sieve at git commit REF (exported with `git archive`, its own index built by its own
+code) and runs every cell on both servers, blocks interleaved (ABBA, `--rounds` per side): the before/after of a
+change, as QPS ratios measured in one run (`speedup_vs_baseline`).
+
+    python benchmarks/load.py --clients 16 --batching on --rounds 2 --baseline-ref 7a6b3d0   # #17's /search target
 """
 from __future__ import annotations
 
@@ -15,7 +21,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -88,7 +93,8 @@ async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: d
     import httpx
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits,
+                                 headers={"Cache-Control": "no-cache"}) as client:
         warm = {"latencies": [], "errors": []}
         await asyncio.gather(*(client_loop(client, queries, c * 7, body, time.monotonic() + warmup_s, warm)
                                for c in range(clients)))
@@ -110,47 +116,83 @@ async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: d
             "server_cpu_cores_used": round(cpu / elapsed, 2)}
 
 
-def run_mode(index_dir: Path, queries: list[str], batching: bool, args, log_dir: Path) -> list[dict]:
+def export_ref(ref: str, out: Path) -> Path:
+    """Sieve's tree at commit `ref`, unpacked (no checkout)."""
+    import subprocess
+
+    out.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def build_index_at(root: Path, out_dir: Path, corpus: str) -> None:
+    """The index built by the code at `root` (an older commit may read only its own index format)."""
+    import subprocess
+
+    code = "import sys; from pathlib import Path; from benchmarks.load import build_index; " \
+           "build_index(Path(sys.argv[1]), sys.argv[2])"
+    subprocess.run([sys.executable, "-c", code, str(out_dir), corpus], cwd=root, check=True,
+                   env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def run_mode(sides: dict[str, tuple[Path, Path]], queries: list[str], batching: bool, args, log_dir: Path) -> list[dict]:
+    """Every cell on every side ({name: (code root, index dir)}), sides alternating ABBA for `args.rounds` rounds."""
     from tests.server import Server
 
-    env = {"SIEVE_INDEX_DIR": str(index_dir), "SIEVE_BATCHING": str(batching).lower(), "SIEVE_CACHE_ENABLED": "false",
-           "SIEVE_MAX_INFLIGHT": str(max(args.clients) * 2), "SIEVE_LOG_LEVEL": "warning"}
-    server = Server(env, log_dir / f"server-batching-{batching}.log")
-    body = {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank}
+    servers = {}
+    body = {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank, "retriever": args.retriever}
     rows = []
     try:
+        for name, (root, index_dir) in sides.items():
+            env = {"SIEVE_INDEX_DIR": str(index_dir), "SIEVE_BATCHING": str(batching).lower(),
+                   "SIEVE_CACHE_ENABLED": "false", "SIEVE_MAX_INFLIGHT": str(max(args.clients) * 2),
+                   "SIEVE_LOG_LEVEL": "warning", "PYTHONPATH": str(root), "SIEVE_CMC_PATH": args.cmc_path}
+            servers[name] = Server(env, log_dir / f"server-{name}-batching-{batching}.log", cwd=root)
+        order = list(servers)
         for clients in args.clients:
-            row = asyncio.run(run_cell(server.url, server.proc.pid, queries, clients, body, args.warmup, args.duration))
-            rows.append({"batching": batching, **row})
-            print(f"batching={batching} clients={clients}: {row['qps']} QPS, p50 {row['p50_ms']} ms, "
-                  f"p99 {row['p99_ms']} ms, errors {row['errors']}, server CPU {row['server_cpu_ms_per_request']} "
-                  f"ms/request", file=sys.stderr)
+            for r in range(args.rounds):
+                for name in (order if r % 2 == 0 else order[::-1]):
+                    server = servers[name]
+                    row = asyncio.run(run_cell(server.url, server.proc.pid, queries, clients, body, args.warmup,
+                                               args.duration))
+                    rows.append({"side": name, "round": r, "batching": batching, **row})
+                    print(f"{name} batching={batching} clients={clients} round {r}: {row['qps']} QPS, p50 "
+                          f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, errors {row['errors']}, server CPU "
+                          f"{row['server_cpu_ms_per_request']} ms/request", file=sys.stderr)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     return rows
 
 
-def machine() -> dict:
-    import torch
-
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-    return {"cpu": models[0] if models else platform.processor(), "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
-            "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
-
-
 def table(rows: list[dict]) -> str:
-    lines = ["| clients | batching | QPS | p50 ms | p95 ms | p99 ms | errors | server CPU ms/request | load 1m |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['clients']} | {'on' if r['batching'] else 'off'} | {r['qps']} | {r['p50_ms']} | {r['p95_ms']} | "
-              f"{r['p99_ms']} | {r['errors']} | {r['server_cpu_ms_per_request']} | {r['load_avg_1m_start']} |"
-              for r in rows]
+    lines = ["| side | clients | batching | QPS | p50 ms | p95 ms | p99 ms | errors | server CPU ms/request | load 1m |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['side']} | {r['clients']} | {'on' if r['batching'] else 'off'} | {r['qps']} | {r['p50_ms']} | "
+              f"{r['p95_ms']} | {r['p99_ms']} | {r['errors']} | {r['server_cpu_ms_per_request']} | "
+              f"{r['load_avg_1m_start']} |" for r in rows]
     return "\n".join(lines)
 
 
+def pooled_qps(rows: list[dict]) -> float:
+    return sum(r["requests"] for r in rows) / sum(r["duration_s"] for r in rows)
+
+
+def vs_baseline(rows: list[dict]) -> dict[str, float]:
+    """QPS of this commit / the baseline's, pooled over rounds, per batching mode and client count."""
+    out = {}
+    for batching, clients in sorted({(r["batching"], r["clients"]) for r in rows}):
+        cell = [r for r in rows if (r["batching"], r["clients"]) == (batching, clients)]
+        new, old = ([r for r in cell if r["side"] == side] for side in ("sieve", "baseline"))
+        if new and old:
+            out[f"batching={'on' if batching else 'off'} clients={clients}"] = round(pooled_qps(new) / pooled_qps(old), 2)
+    return out
+
+
 def speedups(rows: list[dict], key: str = "qps", invert: bool = False) -> dict[str, float]:
-    """Batching on / off per client count (off / on with invert: for costs, where less is better)."""
+    """Batching on / off per client count for this commit (off / on with invert: for costs, where less is better)."""
+    rows = [r for r in rows if r["side"] == "sieve"]
     by = {(r["clients"], r["batching"]): r[key] for r in rows}
     ratio = {}
     for c in sorted({r["clients"] for r in rows}):
@@ -169,6 +211,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--retrieve-k", type=int, default=512, help="candidates CMC reranks per query")
     parser.add_argument("--rerank", choices=["cmc", "none"], default="cmc",
                         help="none: bi-encoder + MIPS only, where per-request overhead weighs most")
+    parser.add_argument("--retriever", default="be", help="first stage of the request (be: the bi-encoder + MIPS)")
+    parser.add_argument("--cmc-path", default="shipped:cmc",
+                        help="SIEVE_CMC_PATH served (shipped:cmc: the paper-style two-layer CMC, 4.4 GFLOP at K=512; "
+                             "the default shipped:cmc-fusion has no attention layers)")
+    parser.add_argument("--batching", choices=["both", "on", "off"], default="both", help="server micro-batching")
+    parser.add_argument("--rounds", type=int, default=1, help="blocks per side per cell (sides alternate ABBA)")
+    parser.add_argument("--baseline-ref", help="also serve Sieve at this git commit, interleaved (before/after)")
+    parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine meanwhile")
     parser.add_argument("--quick", action="store_true", help="demo index, 1/4/16 clients, 4 s cells")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load.json")
     args = parser.parse_args(argv)
@@ -180,14 +230,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from benchmarks.cmc_latency import machine
+
     info = machine()
     with tempfile.TemporaryDirectory(prefix="sieve-load-") as tmp:
         index_dir = Path(tmp) / "index"
         queries = build_index(index_dir, args.corpus)
-        rows = [row for batching in (False, True) for row in run_mode(index_dir, queries, batching, args, Path(tmp))]
+        sides = {"sieve": (REPO, index_dir)}
+        if args.baseline_ref:
+            root = export_ref(args.baseline_ref, Path(tmp) / "baseline" / "repo")
+            (root.parent / "shared").symlink_to(REPO.parent / "shared")  # its benchmarks find ../shared/data too
+            build_index_at(root, Path(tmp) / "baseline-index", args.corpus)
+            sides["baseline"] = (root, Path(tmp) / "baseline-index")
+        modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.batching]
+        rows = [row for batching in modes for row in run_mode(sides, queries, batching, args, Path(tmp))]
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     result = {"machine": info, "target": TARGET, "corpus": args.corpus, "queries": len(queries),
-              "request": {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank},
+              "shared_machine": args.shared, "baseline_ref": args.baseline_ref, "rounds": args.rounds,
+              "speedup_vs_baseline": vs_baseline(rows) if args.baseline_ref else None,
+              "request": {"top_k": 10, "retrieve_k": args.retrieve_k, "rerank": args.rerank,
+                          "retriever": args.retriever, "headers": {"Cache-Control": "no-cache"}},
+              "cmc_path": args.cmc_path,
               "duration_s": args.duration, "warmup_s": args.warmup, "speedup_qps": speedups(rows),
               "cpu_saving": speedups(rows, "server_cpu_ms_per_request", invert=True), "rows": rows,
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -198,6 +261,8 @@ def main(argv=None) -> None:
     print(table(rows))
     print(f"\nQPS with batching / without, by clients: {result['speedup_qps']}  (target: {TARGET})")
     print(f"server CPU per request without batching / with, by clients: {result['cpu_saving']}")
+    if args.baseline_ref:
+        print(f"QPS of this commit / {args.baseline_ref}'s: {result['speedup_vs_baseline']}")
 
 
 if __name__ == "__main__":

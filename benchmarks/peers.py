@@ -9,7 +9,11 @@ virtual environment (torch==2.13.0 installed first, then infinity-emb[server,tor
 Each cell (clients x documents per request) runs `--rounds` rounds of one block per side, sides alternating (ABBA),
 each block one warm-up request per client and then `--per-client` closed-loop requests per client; ratios are
 Sieve / infinity over the pooled blocks (documents per second of wall time, latency percentiles, server CPU
-seconds per pair). `--baseline-ref REF` adds Sieve at git commit REF (exported with `git archive`, nothing checked out) as a
+seconds per pair). Infinity runs once per `--infinity-dtypes` value (float32: what its `--dtype auto` picks on a
+CPU; bfloat16: what it runs when told, native on AVX-512 BF16 / AMX CPUs); each row's ratios are against the fastest
+of them in that cell (infinity at its best setting) and `vs` holds every one. Each row also gives the pair
+throughput as a fraction of this machine's matmul peak (fp32 and bf16 2048^2 matmuls timed in the same run), the
+ceiling both sides share. `--baseline-ref REF` adds Sieve at git commit REF (exported with `git archive`, nothing checked out) as a
 third side: the before/after of a change to Sieve, measured in the same interleaved run.
 
     python benchmarks/peers.py                                   # 1 and 4 clients, 32 and 100 docs (~15 min)
@@ -37,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.cmc_latency import machine  # noqa: E402
-from benchmarks.load import cpu_seconds, percentile  # noqa: E402
+from benchmarks.load import cpu_seconds, export_ref, percentile  # noqa: E402
 from tests.server import free_port  # noqa: E402
 
 SEED = 0
@@ -49,8 +53,9 @@ QUERIES = ["how do stars turn into red giants", "what makes bread rise", "causes
 SIEVE_SETTINGS = {"SIEVE_BATCHING": "true", "SIEVE_CE_BATCH_TOKENS": "8192", "SIEVE_CE_MAX_LENGTH": str(PAIR_TOKENS),
                   "SIEVE_CE_QUERY_MAX_LENGTH": "64", "SIEVE_PRECISION": "auto", "SIEVE_CACHE_ENABLED": "false",
                   "SIEVE_CMC_PATH": "untrained", "SIEVE_RERANK_MAX_DOCUMENTS": "1000"}
-INFINITY_ARGS = ["--engine", "torch", "--device", "cpu", "--batch-size", "32", "--dtype", "float32",
-                 "--no-bettertransformer", "--no-compile", "--no-model-warmup"]
+INFINITY_ARGS = ["--engine", "torch", "--device", "cpu", "--batch-size", "32", "--no-bettertransformer", "--no-compile",
+                 "--no-model-warmup"]
+INFINITY_DTYPES = ("float32", "bfloat16")  # infinity's --dtype auto is float32 on a CPU; bfloat16 it runs when told
 
 
 # -- the checkpoint, the documents, the environments -----------------------------------------------------------
@@ -83,14 +88,6 @@ def infinity_venv() -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)  # the local wheel first
         subprocess.run([str(python), "-m", "pip", "install", "-q", INFINITY], check=True)
     return VENV / "bin" / "infinity_emb"
-
-
-def export_ref(ref: str, out: Path) -> Path:
-    """Sieve's tree at commit `ref`, unpacked (no checkout)."""
-    out.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
 
 
 # -- servers ---------------------------------------------------------------------------------------------------
@@ -146,11 +143,12 @@ def sieve_side(name: str, root: Path, index_dir: Path, ce: Path, log_dir: Path) 
     return Side(name, [sys.executable, "-m", "sieve.cli", "serve"], env, root, "/readyz", log_dir / f"{name}.log", "sieve")
 
 
-def infinity_side(ce: Path, log_dir: Path) -> Side:
+def infinity_side(ce: Path, log_dir: Path, dtype: str) -> Side:
     cmd = [str(infinity_venv()), "v2", "--model-id", str(ce), "--served-model-name", "ce", "--port", "{port}",
-           "--host", "127.0.0.1", *INFINITY_ARGS]
+           "--host", "127.0.0.1", *INFINITY_ARGS, "--dtype", dtype]
     env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
-    return Side("infinity", cmd, env, log_dir, "/health", log_dir / "infinity.log", "infinity")
+    name = f"infinity-{dtype}"
+    return Side(name, cmd, env, log_dir, "/health", log_dir / f"{name}.log", "infinity")
 
 
 # -- load --------------------------------------------------------------------------------------------------------
@@ -201,16 +199,41 @@ def ratios(a: dict, b: dict) -> dict:
 
 
 def same_order(sides: list[Side], docs: list[str]) -> dict[str, bool]:
-    """Whether every side ranks the same request in the same order as infinity (the reference)."""
+    """Whether every side ranks the same request in the same order as infinity in fp32 (the reference)."""
     orders = {}
     for side in sides:
         path, body = side.body(QUERIES[0], docs)
         scores = side.scores(httpx.post(side.url + path, json=body, timeout=600).json(), len(docs))
         orders[side.name] = sorted(range(len(docs)), key=lambda i: -scores[i])
-    return {name: order == orders["infinity"] for name, order in orders.items()}
+    reference = orders.get("infinity-float32") or next(o for n, o in orders.items() if n.startswith("infinity"))
+    return {name: order == reference for name, order in orders.items()}
 
 
-def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report) -> list[dict]:
+def pair_gflop(checkpoint: Path, tokens: int = PAIR_TOKENS) -> float:
+    """Matmul GFLOP of one cross-encoder pair of `tokens` tokens (2 per multiply-add; the one-logit head left out)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    per_layer = 2 * tokens * (4 * h * h + 2 * h * i) + 4 * tokens * tokens * h  # qkv+out, FFN; QK^T and AV
+    return layers * per_layer / 1e9
+
+
+def ceiling(checkpoint: Path) -> dict:
+    """This machine's matmul peaks and what one pair costs: the throughput neither side can pass."""
+    import torch
+
+    from benchmarks.cmc_latency import matmul_gflops
+
+    return {"pair_gflop": pair_gflop(checkpoint), "matmul_gflops_fp32": matmul_gflops()["best"],
+            "matmul_gflops_bf16": matmul_gflops(dtype=torch.bfloat16)["best"]}
+
+
+def peak_fractions(docs_per_s: float, peak: dict) -> dict:
+    achieved = docs_per_s * peak["pair_gflop"]
+    return {"gflops": achieved, "of_fp32_peak": achieved / peak["matmul_gflops_fp32"],
+            "of_bf16_peak": achieved / peak["matmul_gflops_bf16"]}
+
+
+def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report, peak: dict) -> list[dict]:
     """Every cell, each written out (`report(rows)`) as soon as it is done."""
     documents, rows = long_documents(max(d for _, d in cells)), []
     for clients, n_docs in cells:
@@ -222,12 +245,18 @@ def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report) -> 
             for side in (here if r % 2 == 0 else here[::-1]):  # ABBA: neither side always runs first
                 blocks[side.name].append(block(side, clients, docs, args.per_client))
         stats = {name: pooled(b) for name, b in blocks.items()}
-        row = {"clients": clients, "docs": n_docs, **ratios(stats["sieve"], stats["infinity"]), "sides": stats}
+        # the ratios are against infinity at its best setting in this cell (its fastest dtype); every one in vs
+        peers = [name for name in stats if name.startswith("infinity")]
+        best = max(peers, key=lambda name: stats[name]["docs_per_s"])
+        row = {"clients": clients, "docs": n_docs, "infinity_best": best, **ratios(stats["sieve"], stats[best]),
+               "vs": {name: ratios(stats["sieve"], stats[name]) for name in peers}, "sides": stats,
+               "of_peak": {name: peak_fractions(st["docs_per_s"], peak) for name, st in stats.items()}}
         if "sieve-baseline" in stats:
             row["vs_baseline"] = ratios(stats["sieve"], stats["sieve-baseline"])
         rows.append(row)
-        print(f"  clients {clients} docs {n_docs}: docs/s ratio {row['docs_per_s_ratio']:.2f}, mean latency ratio "
-              f"{row['mean_latency_ratio']:.2f}" + (f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}"
+        print(f"  clients {clients} docs {n_docs}: vs {best}: docs/s ratio {row['docs_per_s_ratio']:.2f}, mean latency "
+              f"ratio {row['mean_latency_ratio']:.2f}; " + ", ".join(f"docs/s vs {n} {v['docs_per_s_ratio']:.2f}"
+                                                                    for n, v in row["vs"].items()) + (f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}"
                                                      if "vs_baseline" in row else ""), flush=True)
         report(rows)
     return rows
@@ -235,12 +264,15 @@ def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report) -> 
 
 # -- report --------------------------------------------------------------------------------------------------------
 def table(rows: list[dict]) -> str:
-    lines = ["| clients | docs | docs/s ratio | p50 ratio | p95 ratio | mean latency ratio | CPU/pair ratio | sieve docs/s | infinity docs/s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| clients | docs | infinity's best | docs/s ratio | p50 ratio | p95 ratio | mean latency ratio | "
+             "CPU/pair ratio | sieve docs/s | infinity docs/s (each dtype) | sieve / bf16 matmul peak |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
-        lines.append(f"| {r['clients']} | {r['docs']} | {r['docs_per_s_ratio']:.2f} | {r['p50_ratio']:.2f} | "
-                     f"{r['p95_ratio']:.2f} | {r['mean_latency_ratio']:.2f} | {r['cpu_per_pair_ratio']:.2f} | "
-                     f"{r['sides']['sieve']['docs_per_s']:.1f} | {r['sides']['infinity']['docs_per_s']:.1f} |")
+        peers = ", ".join(f"{n.removeprefix('infinity-')} {r['sides'][n]['docs_per_s']:.1f}" for n in r["vs"])
+        lines.append(f"| {r['clients']} | {r['docs']} | {r['infinity_best']} | {r['docs_per_s_ratio']:.2f} | "
+                     f"{r['p50_ratio']:.2f} | {r['p95_ratio']:.2f} | {r['mean_latency_ratio']:.2f} | "
+                     f"{r['cpu_per_pair_ratio']:.2f} | {r['sides']['sieve']['docs_per_s']:.1f} | {peers} | "
+                     f"{r['of_peak']['sieve']['of_bf16_peak']:.2f} |")
     return "\n".join(lines)
 
 
@@ -251,6 +283,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--per-client", type=int, default=4, help="measured requests per client per block")
     parser.add_argument("--cells", default="1x32,4x32,1x100,4x100", help="clients x documents per request, in order")
     parser.add_argument("--baseline-ref", help="also serve Sieve at this git commit (the before of a change)")
+    parser.add_argument("--infinity-dtypes", default=",".join(INFINITY_DTYPES),
+                        help="infinity's --dtype values, one server each; ratios are against the fastest per cell")
+    parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine meanwhile")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "peers.json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -270,14 +305,17 @@ def main(argv=None) -> None:
         from benchmarks.load import build_index
 
         build_index(tmp / "index", "demo")
-        sides = [sieve_side("sieve", REPO, tmp / "index", ce, tmp), infinity_side(ce, tmp)]
+        sides = [sieve_side("sieve", REPO, tmp / "index", ce, tmp),
+                 *(infinity_side(ce, tmp, dtype) for dtype in args.infinity_dtypes.split(","))]
         if args.baseline_ref:
             sides.append(sieve_side("sieve-baseline", export_ref(args.baseline_ref, tmp / "baseline"), tmp / "index", ce, tmp))
         try:
             precision = httpx.get(sides[0].url + "/readyz").json().get("precision", {})
             orders = same_order(sides, long_documents(32))
-            report = lambda rows: write(args, info, precision, orders, rows)  # noqa: E731
-            rows = run_cells(sides, cells, args, report)
+            peak = ceiling(ce)
+            print(f"ceiling: {peak}", flush=True)
+            report = lambda rows: write(args, {**info, "ceiling": peak}, precision, orders, rows)  # noqa: E731
+            rows = run_cells(sides, cells, args, report, peak)
         finally:
             for side in sides:
                 side.stop()
@@ -287,11 +325,12 @@ def main(argv=None) -> None:
 
 def write(args, info: dict, precision: dict, orders: dict, rows: list[dict]) -> None:
     info = {**info, "load_avg_now": list(os.getloadavg())}
-    result = {"machine": info, "cpu_flags": info["cpu_flags"], "shared_machine": True,
-              "note": "run while other engineers ran tests on the same 2 cores (load average 7-10): absolute numbers "
-                      "are loaded; the ratios come from interleaved blocks (ABBA) and are what counts",
+    result = {"machine": info, "cpu_flags": info["cpu_flags"], "shared_machine": args.shared,
+              "note": ("run while other work shared the 2 cores: absolute numbers are loaded; " if args.shared else "")
+              + "the ratios come from interleaved blocks (ABBA) and are what counts",
               "settings": {"sieve": {**SIEVE_SETTINGS, "precision_chosen": precision},
-                           "infinity": {"version": INFINITY, "args": INFINITY_ARGS},
+                           "infinity": {"version": INFINITY, "args": INFINITY_ARGS,
+                                        "dtypes": args.infinity_dtypes.split(",")},
                            "checkpoint": "packaged all-MiniLM-L6-v2 body + seeded one-logit head (num_labels=1)",
                            "pair_tokens": PAIR_TOKENS, "rounds": args.rounds, "per_client": args.per_client,
                            "baseline_ref": args.baseline_ref},

@@ -31,14 +31,16 @@ MINIMAL_MODELS = {"SIEVE_CMC_PATH": "untrained", "SIEVE_CROSS_ENCODER_ENABLED": 
 
 
 class Server:
-    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900, shipped_models: bool = False):
+    def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900, shipped_models: bool = False,
+                 cwd: Path = REPO):
+        """`cwd`: the tree whose `sieve` is served (`python -m` imports from the working directory first)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         minimal = {} if shipped_models else {k: v for k, v in MINIMAL_MODELS.items() if not named(env, k)}
         full_env = {**os.environ, "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": str(self.port), **minimal, **env}
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "serve"], cwd=REPO, env=full_env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "serve"], cwd=cwd, env=full_env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_ready(timeout_s)
 

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from sieve.models.attention import LowPrecisionAttention
+
 MODES = ("auto", "fp32")
 MIN_SPEARMAN = 0.99
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -77,7 +79,8 @@ def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> t
 
 class CastFloats(nn.Module):
     """Runs `inner` (weights in `dtype`) on float32 inputs and gives float32 outputs; other attributes of the
-    inner module (a head's pair_inputs, parts, ...) stay reachable."""
+    inner module (a head's pair_inputs, parts, ...) stay reachable. On a CPU its attention runs as chunked bf16/fp16
+    matmuls (models/attention.py: torch's fused CPU attention kernel is no faster in bf16 than in fp32)."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype):
         super().__init__()
@@ -86,7 +89,8 @@ class CastFloats(nn.Module):
 
     def forward(self, *args, **kwargs):
         cast = lambda x: x.to(self.dtype) if torch.is_tensor(x) and x.is_floating_point() else x  # noqa: E731
-        out = self.inner(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        with LowPrecisionAttention():
+            out = self.inner(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
         return out.float() if torch.is_tensor(out) and out.is_floating_point() else out
 
     def __getattr__(self, name: str):

@@ -1,0 +1,69 @@
+"""The chunked low-precision attention (models/attention.py) computes what torch's fused kernel computes, whatever
+the mask form and however it is chunked, and the function mode routes only the calls it can take."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sieve.models import attention
+from sieve.models.attention import LowPrecisionAttention, chunked_attention
+from sieve.models.cmc import CMC, CMCConfig, randomize_gates
+from sieve.models.precision import lowered
+
+
+def qkv(B=3, H=2, Lq=5, Lk=7, E=8, Ev=4, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(B, H, L, e, generator=gen).to(dtype) for L, e in ((Lq, E), (Lk, E), (Lk, Ev)))
+
+
+def masks(B=3, Lq=5, Lk=7):
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.rand(B, 1, 1, Lk, generator=gen) > 0.4
+    keys[..., 0] = True  # every row attends to something
+    pairs = torch.rand(B, 1, Lq, Lk, generator=gen) > 0.3
+    pairs[..., 0] = True
+    return {"none": None, "bool keys": keys, "additive keys": torch.where(keys, 0.0, -1e9),
+            "bool pairs": pairs, "bool shared": keys[:1]}
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 70, 20], ids=["one chunk", "batch rows", "query rows"])
+@pytest.mark.parametrize("mask", list(masks()))
+def test_matches_torch_in_fp32(monkeypatch, chunk, mask):
+    monkeypatch.setattr(attention, "CHUNK_SCORES", chunk)  # 70 = one batch row of scores; 20 splits query rows
+    q, k, v = qkv()
+    m = masks()[mask]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    assert torch.allclose(chunked_attention(q, k, v, m), expected, atol=1e-5)
+    assert torch.allclose(chunked_attention(q, k, v, m, scale=0.3), F.scaled_dot_product_attention(
+        q, k, v, attn_mask=m, scale=0.3), atol=1e-5)
+
+
+def test_mode_routes_only_low_precision_cpu_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(a[0].dtype) or a[0])
+    with LowPrecisionAttention():
+        q, k, v = qkv(dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # training-style calls keep torch's kernel
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        F.scaled_dot_product_attention(*qkv(dtype=torch.float32))  # fp32 keeps torch's kernel
+    assert calls == [torch.bfloat16]
+
+
+def test_bf16_cmc_scores_close_to_fp32_and_the_mode_is_used(monkeypatch):
+    calls = []
+    real_attention = attention.chunked_attention
+    monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(a[3]) or real_attention(*a, **k))
+    model = randomize_gates(CMC(CMCConfig()).eval())
+    gen = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 384, generator=gen)
+    cands = F.normalize(torch.randn(2, 64, 384, generator=gen), dim=-1)
+    mask = torch.ones(2, 64, dtype=torch.bool)
+    mask[1, 50:] = False  # padded candidates: a bool key mask reaches the attention
+    with torch.inference_mode():
+        reference = model(query, cands, mask)
+        low = lowered(model, "bf16", only="layers")(query, cands, mask)
+    assert len(calls) == 2 and calls[0].dtype == torch.bool  # both layers, with the padding mask
+    assert torch.isinf(low[1, 50:]).all() and torch.isfinite(low[1, :50]).all()
+    assert (low[mask] - reference[mask]).abs().max() < 0.05 * reference[mask].abs().max()
