@@ -3,7 +3,11 @@
 1. fp32 matmul throughput (2048 x 2048) measured in the same run, with torch's default thread count.
 2. CMC (CMCConfig defaults, eval mode, gates randomised) scoring one query against K random unit vectors;
    p50 per K against flop_bound_ms = FLOPs / measured GFLOP/s.
-3. /search through a real server over a SciFact index, one client, bi-encoder only and bi-encoder + CMC(512).
+3. The per-document precompute issue 17 asks about: in shared mode the first layer's q/k/v projections of a
+   candidate depend on its document vector alone, so they could be stored per document. Timed here as its upper
+   bound: the served CMC at K=512 against the same forward given those projections (their gather not counted).
+4. /search through a real server over a SciFact index, one client, bi-encoder only and bi-encoder + the two-layer CMC
+   (shipped:cmc) over 512 candidates.
 
     python benchmarks/cmc_latency.py            # full run (~5 min with a warm embedding cache)
     python benchmarks/cmc_latency.py --quick    # smoke run (~1 min with a warm cache)
@@ -37,8 +41,8 @@ TARGET = "CMC at K=512 faster than its fp32 FLOP-bound time (ratio < 1.0) in the
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 CACHE_DIR = Path(os.environ.get("SIEVE_TEST_CACHE", Path.home() / ".cache" / "sieve-tests"))
 SEARCH_MODES = {
-    "be": {"rerank": "none", "retrieve_k": 512, "top_k": 10},
-    "be+cmc": {"rerank": "cmc", "retrieve_k": 512, "top_k": 10},
+    "be": {"retriever": "be", "rerank": "none", "retrieve_k": 512, "top_k": 10},
+    "be+cmc": {"retriever": "be", "rerank": "cmc", "retrieve_k": 512, "top_k": 10},
 }
 
 
@@ -143,6 +147,57 @@ def cmc_rows(ks: tuple[int, ...], gflops: float, budget_s: float, min_runs: int,
     return rows
 
 
+def precomputed_first_layer(model: CMC):
+    """model's forward (no mask, no evidence) with the first layer's candidate projections passed in: (query,
+    candidates, projections (B, K, 3d)) -> scores. Mirrors CMCLayer.forward; only the query row is projected."""
+    import torch.nn.functional as F
+
+    first, rest = model.layers[0], model.layers[1:]
+
+    def forward(query, cands, projections):
+        x = torch.cat([query.unsqueeze(1), cands], dim=1)  # (B, 1+K, d)
+        B, L, d = x.shape
+        qkv = torch.cat([first.qkv(x[:, :1]), projections], dim=1)  # (B, 1+K, 3d)
+        q, k, v = qkv.view(B, L, 3, first.n_heads, d // first.n_heads).permute(2, 0, 3, 1, 4)
+        a = first.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, d))
+        h = first.norm_attn(x + a)
+        h = first.norm_ff(h + first.ff_out(F.gelu(first.ff_in(h))))
+        x = x + first.gate * h
+        for layer in rest:
+            x = layer(x)
+        return torch.einsum("bd,bkd->bk", x[:, 0], x[:, 1:])
+
+    return forward
+
+
+def precompute_bound(k: int = 512, runs: int = 100) -> dict:
+    """The served CMC at K against the same weights given the first layer's candidate projections, alternating."""
+    from sieve.models.attention import LowPrecisionAttention
+    from sieve.models.precision import DTYPES, best_dtype
+
+    name, _ = best_dtype(torch.device("cpu"), "auto")
+    dtype = DTYPES.get(name, torch.float32)  # int8 hosts: timed in fp32 (the projections would be stored as floats)
+    model = benchmark_model().to(dtype)
+    query, cands = (t.to(dtype) for t in unit_inputs(k, model.cfg.dim))
+    fast = precomputed_first_layer(model)
+    with torch.inference_mode(), LowPrecisionAttention():
+        projections = model.layers[0].qkv(cands)
+        error = (fast(query, cands, projections).float() - model(query, cands).float()).abs().max().item()
+        full, pre = [], []
+        for _ in range(3):
+            model(query, cands), fast(query, cands, projections)
+        for _ in range(runs):
+            full.append(time_ms(lambda: model(query, cands)))
+            pre.append(time_ms(lambda: fast(query, cands, projections)))
+    row = {"k": k, "dtype": str(dtype).removeprefix("torch."), "ms_p50": statistics.median(full),
+           "ms_p50_precomputed": statistics.median(pre), "runs": runs, "max_abs_score_diff": error,
+           "bytes_per_document": 3 * model.cfg.dim * torch.finfo(dtype).bits // 8}
+    row["speedup"] = row["ms_p50"] / row["ms_p50_precomputed"]
+    print(f"  precompute bound at K={k} in {row['dtype']}: {row['ms_p50']:.2f} -> {row['ms_p50_precomputed']:.2f} ms "
+          f"({row['speedup']:.2f}x), {row['bytes_per_document']} bytes per document", flush=True)
+    return row
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -200,7 +255,7 @@ def search_latency(n_queries: int, warmup: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="sieve-bench-") as tmp:
         index_dir, log = Path(tmp) / "index", Path(tmp) / "server.log"
         build_scifact_index(index_dir)
-        server = Server({"SIEVE_INDEX_DIR": str(index_dir)}, log)
+        server = Server({"SIEVE_INDEX_DIR": str(index_dir), "SIEVE_CMC_PATH": "shipped:cmc"}, log)
         try:
             with server.client() as client:
                 return {mode: search_mode(client, queries, params, warmup) for mode, params in SEARCH_MODES.items()}
@@ -258,11 +313,12 @@ def main() -> None:
     budget = (0.5, 2, 10) if args.quick else (10.0, 3, 200)  # seconds per K, min runs, max runs
     rows = cmc_rows(ks, mm["best"], *budget)
     rss = peak_rss_mb()  # before the search section, whose encoder load would dominate it
+    precompute = precompute_bound(runs=20 if args.quick else 100)
     search = {} if args.skip_search else search_latency(20 if args.quick else 300, 3 if args.quick else 10)
     info["load_avg_end"] = list(os.getloadavg())
     info["shared"] = args.shared
     result = {"machine": info, "gflops": mm["best"], "gflops_median": mm["median"], "target": TARGET,
-              "rows": rows, "peak_rss_mb": rss, "peak_rss_after_k": ks[-1], "search": search,
+              "rows": rows, "precompute_bound": precompute, "peak_rss_mb": rss, "peak_rss_after_k": ks[-1], "search": search,
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "quick": args.quick}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,10 +35,11 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
     chunks = []
     for b in range(0, B, batch_step):
         bs = slice(b, b + batch_step)
+        keys_t = k[bs].transpose(-1, -2).contiguous()  # (b, H, E, Lk), once for all query rows
         rows = []
         for r in range(0, Lq, row_step):
             rs = slice(r, r + row_step)
-            scores = torch.matmul(q[bs, :, rs] * scale, k[bs].transpose(-1, -2))  # (b, H, rows, Lk)
+            scores = torch.matmul(q[bs, :, rs] * scale, keys_t)  # (b, H, rows, Lk)
             if attn_mask is not None:
                 mask = attn_mask[bs] if attn_mask.dim() == 4 and attn_mask.shape[0] == B else attn_mask
                 mask = mask[..., rs, :] if mask.dim() >= 2 and mask.shape[-2] == Lq else mask
