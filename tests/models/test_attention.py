@@ -67,3 +67,17 @@ def test_bf16_cmc_scores_close_to_fp32_and_the_mode_is_used(monkeypatch):
     assert len(calls) == 2 and calls[0].dtype == torch.bool  # both layers, with the padding mask
     assert torch.isinf(low[1, 50:]).all() and torch.isfinite(low[1, :50]).all()
     assert (low[mask] - reference[mask]).abs().max() < 0.05 * reference[mask].abs().max()
+
+
+def test_bf16_bert_query_tower_takes_the_chunked_path_with_padding(monkeypatch, biencoder):
+    """A Hugging Face BERT (the packaged query tower) reaches the same path, padding mask included."""
+    calls = []
+    real_attention = attention.chunked_attention
+    monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(a[0].shape) or real_attention(*a, **k))
+    inputs = biencoder.tokenize(["a short query", "a much longer query about how stars turn into red giants"], 64)
+    assert not bool(inputs["attention_mask"].all())  # the short one is padded
+    with torch.inference_mode():
+        reference = biencoder.module(**inputs)
+        low = lowered(biencoder.module, "bf16")(**inputs)
+    assert len(calls) == 6  # one per layer
+    assert F.cosine_similarity(low, reference).min() > 0.99
