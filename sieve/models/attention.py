@@ -8,8 +8,10 @@ batched matmuls and a softmax, in chunks small enough for the scores to stay in 
 lowered stages' rank guard (models/precision.py) is what decides whether a stage keeps the result.
 
 `LowPrecisionAttention` is a torch function mode: inside it, every `F.scaled_dot_product_attention` call on bf16/fp16
-CPU tensors (no dropout, not causal) takes this path, whoever makes the call (CMC's layers or a Hugging Face BERT);
-anything else goes to torch's kernel unchanged.
+CPU tensors (no dropout, not causal) over at least MIN_KEYS keys takes this path, whoever makes the call (CMC's layers
+or a Hugging Face BERT); anything else goes to torch's kernel unchanged. Below MIN_KEYS torch's kernel is as fast
+(both under 0.1 ms a call), and the mode itself costs ~0.45 ms per MiniLM forward (a Python hook on every torch call),
+so a short-input module (the query tower) is better served without it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 CHUNK_SCORES = 1 << 22  # attention scores computed at once (chunk of batch x heads x query rows x keys): 8 MB in bf16
+MIN_KEYS = 128  # shorter attention stays with torch's kernel
 
 
 def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
@@ -59,6 +62,6 @@ class LowPrecisionAttention(TorchFunctionMode):
             options = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale"), rest), **kwargs)
             if (q.device.type == "cpu" and q.dtype in LOW_PRECISION and not options.get("dropout_p")
                     and not options.get("is_causal") and not options.get("enable_gqa") and q.dim() == 4
-                    and k.shape[:2] == q.shape[:2]):
+                    and k.shape[:2] == q.shape[:2] and k.shape[-2] >= MIN_KEYS):
                 return chunked_attention(q, k, v, options.get("attn_mask"), options.get("scale"))
         return func(*args, **kwargs)

@@ -16,6 +16,7 @@ the record says why. Models stay pure: a lowered model is a new module, the fp32
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,17 +80,18 @@ def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> t
 
 class CastFloats(nn.Module):
     """Runs `inner` (weights in `dtype`) on float32 inputs and gives float32 outputs; other attributes of the
-    inner module (a head's pair_inputs, parts, ...) stay reachable. On a CPU its attention runs as chunked bf16/fp16
-    matmuls (models/attention.py: torch's fused CPU attention kernel is no faster in bf16 than in fp32)."""
+    inner module (a head's pair_inputs, parts, ...) stay reachable. With chunked_attention, its attention on a CPU runs
+    as chunked bf16/fp16 matmuls (models/attention.py: torch's fused CPU kernel is no faster in bf16 than in fp32)."""
 
-    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, chunked_attention: bool = True):
         super().__init__()
         self.inner = inner
         self.dtype = dtype
+        self.chunked_attention = chunked_attention
 
     def forward(self, *args, **kwargs):
         cast = lambda x: x.to(self.dtype) if torch.is_tensor(x) and x.is_floating_point() else x  # noqa: E731
-        with LowPrecisionAttention():
+        with LowPrecisionAttention() if self.chunked_attention else contextlib.nullcontext():
             out = self.inner(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
         return out.float() if torch.is_tensor(out) and out.is_floating_point() else out
 
@@ -100,8 +102,9 @@ class CastFloats(nn.Module):
             return getattr(super().__getattr__("inner"), name)
 
 
-def lowered(module: nn.Module, dtype: str, only: str | None = None) -> nn.Module:
-    """A copy of `module` in `dtype`; int8 quantises the nn.Linear layers (only those under submodule `only`)."""
+def lowered(module: nn.Module, dtype: str, only: str | None = None, chunked_attention: bool = True) -> nn.Module:
+    """A copy of `module` in `dtype`; int8 quantises the nn.Linear layers (only those under submodule `only`);
+    chunked_attention: bf16/fp16 attention on a CPU as chunked matmuls (CastFloats)."""
     if dtype == "fp32":
         return module
     if dtype == "int8":
@@ -111,7 +114,7 @@ def lowered(module: nn.Module, dtype: str, only: str | None = None) -> nn.Module
         target = out.get_submodule(only) if only else out
         quantize_dynamic(target, {nn.Linear}, dtype=torch.qint8, inplace=True)
         return out.eval()
-    return CastFloats(copy.deepcopy(module).to(DTYPES[dtype]), DTYPES[dtype]).eval()
+    return CastFloats(copy.deepcopy(module).to(DTYPES[dtype]), DTYPES[dtype], chunked_attention).eval()
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -128,12 +131,12 @@ def worst_spearman(reference: np.ndarray, scores: np.ndarray) -> float:
 
 
 def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only: str | None = None,
-          int8: bool = True) -> tuple[nn.Module, Choice]:
+          int8: bool = True, chunked_attention: bool = True) -> tuple[nn.Module, Choice]:
     """The best dtype for this device if it keeps the probe's rankings, else the fp32 module itself."""
     dtype, reason = best_dtype(device, mode, int8)
     if dtype == "fp32":
         return module, Choice("fp32", reason)
-    candidate = lowered(module, dtype, only)
+    candidate = lowered(module, dtype, only, chunked_attention)
     rho = worst_spearman(probe(module), probe(candidate))
     if rho < MIN_SPEARMAN:
         return module, Choice("fp32", f"{dtype} failed the guard (Spearman {rho:.4f} < {MIN_SPEARMAN})", rho)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sieve.models import attention
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.precision import Choice, Probe, lower
@@ -79,8 +80,11 @@ def ce_probe(ce: CrossEncoder, n_queries: int = 4, n_docs: int = N_DOCS) -> Prob
 
 
 def lower_query_tower(encoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:
-    """The module to encode queries with (documents stay with encoder.module, fp32)."""
-    return lower(encoder.module, encoder.device, mode, query_probe(encoder), int8=False)
+    """The module to encode queries with (documents stay with encoder.module, fp32). Queries are short (at most
+    query_max_length tokens, 64 by default): torch's attention kernel is as fast there, and the chunked-attention
+    mode would cost more than it saves (models/attention.py)."""
+    return lower(encoder.module, encoder.device, mode, query_probe(encoder), int8=False,
+                 chunked_attention=encoder.lengths.query_max_length >= attention.MIN_KEYS)
 
 
 def lower_cmc(bundle: CMCBundle, biencoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:

@@ -43,11 +43,12 @@ def test_mode_routes_only_low_precision_cpu_calls(monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(a[0].dtype) or a[0])
     with LowPrecisionAttention():
-        q, k, v = qkv(dtype=torch.bfloat16)
+        q, k, v = qkv(Lk=attention.MIN_KEYS, dtype=torch.bfloat16)
         F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(*qkv(Lk=attention.MIN_KEYS - 1, dtype=torch.bfloat16))  # short: torch's kernel
         F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # training-style calls keep torch's kernel
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        F.scaled_dot_product_attention(*qkv(dtype=torch.float32))  # fp32 keeps torch's kernel
+        F.scaled_dot_product_attention(*qkv(Lk=attention.MIN_KEYS))  # fp32 keeps torch's kernel
     assert calls == [torch.bfloat16]
 
 
@@ -58,26 +59,31 @@ def test_bf16_cmc_scores_close_to_fp32_and_the_mode_is_used(monkeypatch):
     model = randomize_gates(CMC(CMCConfig()).eval())
     gen = torch.Generator().manual_seed(2)
     query = torch.randn(2, 384, generator=gen)
-    cands = F.normalize(torch.randn(2, 64, 384, generator=gen), dim=-1)
-    mask = torch.ones(2, 64, dtype=torch.bool)
-    mask[1, 50:] = False  # padded candidates: a bool key mask reaches the attention
+    cands = F.normalize(torch.randn(2, 160, 384, generator=gen), dim=-1)  # over MIN_KEYS: the chunked path
+    mask = torch.ones(2, 160, dtype=torch.bool)
+    mask[1, 150:] = False  # padded candidates: a bool key mask reaches the attention
     with torch.inference_mode():
         reference = model(query, cands, mask)
         low = lowered(model, "bf16", only="layers")(query, cands, mask)
     assert len(calls) == 2 and calls[0].dtype == torch.bool  # both layers, with the padding mask
-    assert torch.isinf(low[1, 50:]).all() and torch.isfinite(low[1, :50]).all()
+    assert torch.isinf(low[1, 150:]).all() and torch.isfinite(low[1, :150]).all()
     assert (low[mask] - reference[mask]).abs().max() < 0.05 * reference[mask].abs().max()
 
 
-def test_bf16_bert_query_tower_takes_the_chunked_path_with_padding(monkeypatch, biencoder):
-    """A Hugging Face BERT (the packaged query tower) reaches the same path, padding mask included."""
+def test_bf16_bert_takes_the_chunked_path_with_padding(monkeypatch, biencoder):
+    """A Hugging Face BERT (the packaged bi-encoder, as a cross-encoder's body would) reaches the same path over long
+    inputs, padding mask included; over short ones (under MIN_KEYS tokens) it keeps torch's kernel."""
     calls = []
     real_attention = attention.chunked_attention
     monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(a[0].shape) or real_attention(*a, **k))
-    inputs = biencoder.tokenize(["a short query", "a much longer query about how stars turn into red giants"], 64)
-    assert not bool(inputs["attention_mask"].all())  # the short one is padded
+    texts = ["stars turn into red giants when their cores run out of hydrogen " * 20, "volcanoes erupt " * 40]
+    inputs = biencoder.tokenize(texts, 256)
+    assert not bool(inputs["attention_mask"].all()) and inputs["input_ids"].shape[1] >= attention.MIN_KEYS  # padded
+    tower = lowered(biencoder.module, "bf16")
     with torch.inference_mode():
         reference = biencoder.module(**inputs)
-        low = lowered(biencoder.module, "bf16")(**inputs)
-    assert len(calls) == 6  # one per layer
+        low = tower(**inputs)
+        assert len(calls) == 6  # one per layer
+        tower(**biencoder.tokenize(["a short query"], 64))
+    assert len(calls) == 6  # short: torch's kernel
     assert F.cosine_similarity(low, reference).min() > 0.99
