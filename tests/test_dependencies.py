@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import sys
-import tomllib
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
 
@@ -33,10 +32,17 @@ def module_level_imports() -> dict[str, set[str]]:
     return found
 
 
+def declared_dependencies() -> list[str]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the installed metadata (pyproject as of the last install)
+        return [spec for spec in requires("sieve") or [] if "extra ==" not in spec]
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
 def installed_by_plain_install() -> set[str]:
     """Declared dependencies and, transitively, what they require (markers evaluated, no extras)."""
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    todo = [Requirement(spec) for spec in declared]
+    todo = [Requirement(spec) for spec in declared_dependencies()]
     seen: set[str] = set()
     while todo:
         req = todo.pop()
