@@ -103,18 +103,29 @@ class CastFloats(nn.Module):
 
 
 def lowered(module: nn.Module, dtype: str, only: str | None = None, chunked_attention: bool = True) -> nn.Module:
-    """A copy of `module` in `dtype`; int8 quantises the nn.Linear layers (only those under submodule `only`);
-    chunked_attention: bf16/fp16 attention on a CPU as chunked matmuls (CastFloats)."""
+    """A copy of `module` in `dtype`, or only of its submodule `only` (the rest stays fp32: e.g. CMC's evidence fusion,
+    whose scores bf16 would round into ties). int8 quantises the nn.Linear layers; bf16/fp16 cast the weights and wrap
+    them in CastFloats (each layer of a ModuleList on its own, so it stays iterable); chunked_attention: bf16/fp16
+    attention on a CPU as chunked matmuls."""
     if dtype == "fp32":
         return module
+    out = copy.deepcopy(module)
+    target = out.get_submodule(only) if only else out
     if dtype == "int8":
         from torch.ao.quantization import quantize_dynamic
 
-        out = copy.deepcopy(module)
-        target = out.get_submodule(only) if only else out
         quantize_dynamic(target, {nn.Linear}, dtype=torch.qint8, inplace=True)
         return out.eval()
-    return CastFloats(copy.deepcopy(module).to(DTYPES[dtype]), DTYPES[dtype], chunked_attention).eval()
+    cast = lambda m: CastFloats(m.to(DTYPES[dtype]), DTYPES[dtype], chunked_attention)  # noqa: E731
+    if not only:
+        return cast(out).eval()
+    if isinstance(target, nn.ModuleList):
+        for i, layer in enumerate(target):
+            target[i] = cast(layer)
+    else:
+        parent, _, name = only.rpartition(".")
+        setattr(out.get_submodule(parent) if parent else out, name, cast(target))
+    return out.eval()
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -136,6 +147,8 @@ def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only
     dtype, reason = best_dtype(device, mode, int8)
     if dtype == "fp32":
         return module, Choice("fp32", reason)
+    if only and not any(True for _ in module.get_submodule(only).parameters()):
+        return module, Choice("fp32", f"nothing to lower (no parameters in {only!r})")
     candidate = lowered(module, dtype, only, chunked_attention)
     rho = worst_spearman(probe(module), probe(candidate))
     if rho < MIN_SPEARMAN:

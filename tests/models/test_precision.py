@@ -61,7 +61,7 @@ def test_auto_picks_what_this_cpu_has_and_fp32_forces_fp32():
 
 
 def test_stages_serve_the_chosen_precision_and_fp32_leaves_them_alone(biencoder, shipped_ce):
-    bundle = load_cmc(checkpoints.CMC, biencoder)
+    bundle = load_cmc(checkpoints.CMC_LISTWISE, biencoder)  # the two-layer CMC (the fusion default has no layers)
     module, choice = lower_query_tower(biencoder, "auto")
     cmc, cmc_choice = lower_cmc(bundle, biencoder, "auto")
     ce, ce_choice = lower_cross_encoder(shipped_ce, "auto")
@@ -93,3 +93,27 @@ def test_spearman():
     assert spearman(a, a * 10 + 1) == pytest.approx(1.0)
     assert spearman(a, -a) == pytest.approx(-1.0)
     assert spearman(a, np.array([0.1, 0.3, 0.5, 0.9])) == pytest.approx(0.8)  # one adjacent swap of 4
+
+
+def test_lowering_cmc_layers_keeps_the_evidence_fusion_fp32(biencoder):
+    """bf16 only inside the attention layers: the fusion with first-stage evidence stays fp32, so its scores are not
+    rounded into ties; a CMC without attention layers (the shipped fusion default) is not lowered at all."""
+    from sieve.models.cmc import CMC, CMCConfig, randomize_gates
+
+    model = randomize_gates(CMC(CMCConfig(evidence=3, evidence_hidden=4)).eval())
+    low = lowered(model, "bf16", only="layers")
+    assert {p.dtype for p in low.evidence.parameters()} == {torch.float32}
+    assert {p.dtype for p in low.layers.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the fp32 model is untouched
+    gen = torch.Generator().manual_seed(0)
+    query, cands, features = torch.randn(1, 384, generator=gen), torch.randn(1, 40, 384, generator=gen), torch.randn(1, 40, 3, generator=gen)
+    with torch.inference_mode():
+        scores = low(query, cands, None, features)
+    assert scores.dtype == torch.float32 and len(set(scores[0].tolist())) == 40  # no ties
+
+    fusion = load_cmc(checkpoints.CMC, biencoder)
+    assert fusion.config.n_layers == 0
+    module, choice = lower_cmc(fusion, biencoder, "auto")
+    assert module is fusion.model and choice.dtype == "fp32"
+    if best_dtype(CPU, "auto")[0] != "fp32":
+        assert choice.reason.startswith("nothing to lower"), choice

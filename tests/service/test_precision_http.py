@@ -14,7 +14,7 @@ def expected(int8: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def auto_server(demo_index, tmp_path_factory):
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc-fusion"},
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc"},
                  tmp_path_factory.mktemp("logs") / "auto-server.log")
     yield srv
     srv.stop()
