@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -118,8 +119,6 @@ async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: d
 
 def export_ref(ref: str, out: Path) -> Path:
     """Sieve's tree at commit `ref`, unpacked (no checkout)."""
-    import subprocess
-
     out.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
@@ -128,8 +127,6 @@ def export_ref(ref: str, out: Path) -> Path:
 
 def build_index_at(root: Path, out_dir: Path, corpus: str) -> None:
     """The index built by the code at `root` (an older commit may read only its own index format)."""
-    import subprocess
-
     code = "import sys; from pathlib import Path; from benchmarks.load import build_index; " \
            "build_index(Path(sys.argv[1]), sys.argv[2])"
     subprocess.run([sys.executable, "-c", code, str(out_dir), corpus], cwd=root, check=True,

@@ -147,7 +147,7 @@ def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only
     dtype, reason = best_dtype(device, mode, int8)
     if dtype == "fp32":
         return module, Choice("fp32", reason)
-    if only and not any(True for _ in module.get_submodule(only).parameters()):
+    if only and next(module.get_submodule(only).parameters(), None) is None:
         return module, Choice("fp32", f"nothing to lower (no parameters in {only!r})")
     candidate = lowered(module, dtype, only, chunked_attention)
     rho = worst_spearman(probe(module), probe(candidate))
