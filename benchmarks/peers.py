@@ -259,10 +259,10 @@ def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report, pea
         if "sieve-baseline" in stats:
             row["vs_baseline"] = ratios(stats["sieve"], stats["sieve-baseline"])
         rows.append(row)
+        each = ", ".join(f"docs/s vs {n} {v['docs_per_s_ratio']:.2f}" for n, v in row["vs"].items())
+        baseline = f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}" if "vs_baseline" in row else ""
         print(f"  clients {clients} docs {n_docs}: vs {best}: docs/s ratio {row['docs_per_s_ratio']:.2f}, mean latency "
-              f"ratio {row['mean_latency_ratio']:.2f}; " + ", ".join(f"docs/s vs {n} {v['docs_per_s_ratio']:.2f}"
-                                                                    for n, v in row["vs"].items()) + (f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}"
-                                                     if "vs_baseline" in row else ""), flush=True)
+              f"ratio {row['mean_latency_ratio']:.2f}; {each}{baseline}", flush=True)
         report(rows)
     return rows
 

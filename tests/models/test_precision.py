@@ -106,7 +106,8 @@ def test_lowering_cmc_layers_keeps_the_evidence_fusion_fp32(biencoder):
     assert {p.dtype for p in low.layers.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in model.parameters()} == {torch.float32}  # the fp32 model is untouched
     gen = torch.Generator().manual_seed(0)
-    query, cands, features = torch.randn(1, 384, generator=gen), torch.randn(1, 40, 384, generator=gen), torch.randn(1, 40, 3, generator=gen)
+    query, cands = torch.randn(1, 384, generator=gen), torch.randn(1, 40, 384, generator=gen)
+    features = torch.randn(1, 40, 3, generator=gen)
     with torch.inference_mode():
         scores = low(query, cands, None, features)
     assert scores.dtype == torch.float32 and len(set(scores[0].tolist())) == 40  # no ties
