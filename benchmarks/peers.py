@@ -56,6 +56,7 @@ SIEVE_SETTINGS = {"SIEVE_BATCHING": "true", "SIEVE_CE_BATCH_TOKENS": "8192", "SI
                   "SIEVE_CMC_PATH": "untrained", "SIEVE_RERANK_MAX_DOCUMENTS": "1000"}
 INFINITY_ARGS = ["--engine", "torch", "--device", "cpu", "--batch-size", "32", "--no-bettertransformer", "--no-compile",
                  "--no-model-warmup"]
+NO_CACHE = {"Cache-Control": "no-cache"}  # Sieve's result cache is off too (SIEVE_CACHE_ENABLED=false)
 INFINITY_DTYPES = ("float32", "bfloat16")  # infinity's --dtype auto is float32 on a CPU; bfloat16 it runs when told
 
 
@@ -160,7 +161,7 @@ def block(side: Side, clients: int, docs: list[str], per_client: int) -> dict:
     ready = threading.Barrier(clients + 1)
 
     def client(offset: int) -> None:
-        with httpx.Client(base_url=side.url, timeout=900) as http:
+        with httpx.Client(base_url=side.url, timeout=900, headers=NO_CACHE) as http:
             for n in range(per_client + 1):
                 path, body = side.body(QUERIES[(offset + n * clients) % len(QUERIES)], docs)
                 t0 = time.perf_counter()
@@ -207,7 +208,7 @@ def same_order(sides: list[Side], docs: list[str]) -> dict[str, bool]:
     scores = {}
     for side in sides:
         path, body = side.body(QUERIES[0], docs)
-        scores[side.name] = side.scores(httpx.post(side.url + path, json=body, timeout=600).json(), len(docs))
+        scores[side.name] = side.scores(httpx.post(side.url + path, json=body, timeout=600, headers=NO_CACHE).json(), len(docs))
     reference = scores.get("infinity-float32") or next(s for n, s in scores.items() if n.startswith("infinity"))
     order = lambda s: sorted(range(len(docs)), key=lambda i: -s[i])  # noqa: E731
     return {name: {"same_order": order(s) == order(reference), "spearman": spearman(np.array(s), np.array(reference))}
