@@ -326,7 +326,7 @@ def main(argv=None) -> None:
             for side in sides:
                 side.stop()
     print("\n" + table(rows))
-    print(f"against infinity in fp32 on one request: {orders}\nwrote {args.out}")
+    print(f"agreement with infinity (its fp32 side when run) on one request: {orders}\nwrote {args.out}")
 
 
 def write(args, info: dict, precision: dict, orders: dict, rows: list[dict]) -> None:
