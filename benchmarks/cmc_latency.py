@@ -268,7 +268,10 @@ def machine() -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return {"cpu": models[0] if models else platform.processor(), "cores": os.cpu_count(),
+    field = lambda key: next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()  # noqa: E731
+                              if line.split(":", 1)[0].strip() == key), None)
+    return {"cpu": models[0] if models else platform.processor(), "cpu_family": field("cpu family"),
+            "cpu_model": field("model"), "cores": os.cpu_count(),
             "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "platform": platform.platform(), "load_avg_start": list(os.getloadavg())}

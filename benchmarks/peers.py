@@ -14,7 +14,8 @@ CPU; bfloat16: what it runs when told, native on AVX-512 BF16 / AMX CPUs); each 
 of them in that cell (infinity at its best setting) and `vs` holds every one. Each row also gives the pair
 throughput as a fraction of this machine's matmul peak (fp32 and bf16 2048^2 matmuls timed in the same run), the
 ceiling both sides share. `--baseline-ref REF` adds Sieve at git commit REF (exported with `git archive`, nothing checked out) as a
-third side: the before/after of a change to Sieve, measured in the same interleaved run.
+third side: the before/after of a change to Sieve, measured in the same interleaved run; `--sieve-torch` adds Sieve with
+SIEVE_CE_RUNTIME=torch (its cross-encoder in torch rather than OpenVINO) the same way.
 
     python benchmarks/peers.py                                   # 1 and 4 clients, 32 and 100 docs (~15 min)
     python benchmarks/peers.py --quick --out /tmp/peers.json     # smoke run
@@ -139,9 +140,9 @@ class Side:
         self.log.close()
 
 
-def sieve_side(name: str, root: Path, index_dir: Path, ce: Path, log_dir: Path) -> Side:
+def sieve_side(name: str, root: Path, index_dir: Path, ce: Path, log_dir: Path, **settings: str) -> Side:
     env = {"PYTHONPATH": str(root), "SIEVE_HOST": "127.0.0.1", "SIEVE_PORT": "{port}", "SIEVE_INDEX_DIR": str(index_dir),
-           "SIEVE_CROSS_ENCODER_PATH": str(ce), **SIEVE_SETTINGS}
+           "SIEVE_CROSS_ENCODER_PATH": str(ce), **SIEVE_SETTINGS, **settings}
     return Side(name, [sys.executable, "-m", "sieve.cli", "serve"], env, root, "/readyz", log_dir / f"{name}.log", "sieve")
 
 
@@ -259,9 +260,12 @@ def run_cells(sides: list[Side], cells: list[tuple[int, int]], args, report, pea
                "of_peak": {name: peak_fractions(st["docs_per_s"], peak) for name, st in stats.items()}}
         if "sieve-baseline" in stats:
             row["vs_baseline"] = ratios(stats["sieve"], stats["sieve-baseline"])
+        if "sieve-torch" in stats:
+            row["vs_sieve_torch"] = ratios(stats["sieve"], stats["sieve-torch"])
         rows.append(row)
         each = ", ".join(f"docs/s vs {n} {v['docs_per_s_ratio']:.2f}" for n, v in row["vs"].items())
         baseline = f", mean vs baseline {row['vs_baseline']['mean_latency_ratio']:.2f}" if "vs_baseline" in row else ""
+        baseline += f", docs/s vs sieve-torch {row['vs_sieve_torch']['docs_per_s_ratio']:.2f}" if "vs_sieve_torch" in row else ""
         print(f"  clients {clients} docs {n_docs}: vs {best}: docs/s ratio {row['docs_per_s_ratio']:.2f}, mean latency "
               f"ratio {row['mean_latency_ratio']:.2f}; {each}{baseline}", flush=True)
         report(rows)
@@ -291,6 +295,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-ref", help="also serve Sieve at this git commit (the before of a change)")
     parser.add_argument("--infinity-dtypes", default=",".join(INFINITY_DTYPES),
                         help="infinity's --dtype values, one server each; ratios are against the fastest per cell")
+    parser.add_argument("--sieve-torch", action="store_true",
+                        help="also serve Sieve with SIEVE_CE_RUNTIME=torch (the torch path beside the default runtime)")
     parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine meanwhile")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "peers.json")
     args = parser.parse_args(argv)
@@ -313,6 +319,8 @@ def main(argv=None) -> None:
         build_index(tmp / "index", "demo")
         sides = [sieve_side("sieve", REPO, tmp / "index", ce, tmp),
                  *(infinity_side(ce, tmp, dtype) for dtype in args.infinity_dtypes.split(","))]
+        if args.sieve_torch:
+            sides.append(sieve_side("sieve-torch", REPO, tmp / "index", ce, tmp, SIEVE_CE_RUNTIME="torch"))
         if args.baseline_ref:
             sides.append(sieve_side("sieve-baseline", export_ref(args.baseline_ref, tmp / "baseline"), tmp / "index", ce, tmp))
         try:
@@ -339,7 +347,7 @@ def write(args, info: dict, precision: dict, orders: dict, rows: list[dict]) -> 
                                         "dtypes": args.infinity_dtypes.split(",")},
                            "checkpoint": "packaged all-MiniLM-L6-v2 body + seeded one-logit head (num_labels=1)",
                            "pair_tokens": PAIR_TOKENS, "rounds": args.rounds, "per_client": args.per_client,
-                           "baseline_ref": args.baseline_ref},
+                           "baseline_ref": args.baseline_ref, "sieve_torch_side": args.sieve_torch},
               "agreement_with_infinity_fp32": orders, "rows": rows,
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "quick": args.quick}

@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from sieve import plugins
 
@@ -80,6 +81,12 @@ def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """states (B, T, d), mask (B, T) bool -> (B, d) mean of the masked-in vectors (0 where a row has none)."""
     weights = mask.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
     return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(..., d), (..., d) -> (...) cosine similarity as normalised vectors' inner product: F.cosine_similarity's value
+    (1e-7) in operations OpenVINO converts (it has no rule for aten::cosine_similarity; models/openvino_scorer.py)."""
+    return (F.normalize(a, dim=-1, eps=1e-8) * F.normalize(b, dim=-1, eps=1e-8)).sum(dim=-1)
 
 
 def load_classifier(path: str | Path) -> nn.Module:

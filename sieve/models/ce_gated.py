@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from sieve.models.ce_base import HEAD_FILE, HEAD_WEIGHTS, INITIAL_SCALE, SumOfParts, load_classifier, masked_mean, register_head
+from sieve.models.ce_base import (HEAD_FILE, HEAD_WEIGHTS, INITIAL_SCALE, SumOfParts, cosine, load_classifier,
+                                  masked_mean, register_head)
 
 HEAD_NAME = "gated"
 
@@ -126,8 +127,7 @@ class GatedScorer(SumOfParts):
                      segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(s_cls, s_cos) from the (B, T, d) last-layer states."""
         valid = attention_mask.bool()
-        cos = F.cosine_similarity(masked_mean(states, valid & (segments == 0)),
-                                  masked_mean(states, valid & (segments == 1)), dim=-1)
+        cos = cosine(masked_mean(states, valid & (segments == 0)), masked_mean(states, valid & (segments == 1)))
         pooled = self.classifier.bert.pooler(states) if self.classifier.bert.pooler is not None else states[:, 0]
         s_cls = self.classifier.classifier(self.classifier.dropout(pooled))[:, 0]
         return s_cls, self.scale * cos

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +41,7 @@ class Choice:
     dtype: str  # fp32 | bf16 | fp16 | int8
     reason: str
     spearman: float | None = None  # worst probe's rank correlation with fp32; None when not lowered
+    runtime: str = "torch"  # torch | openvino (models/openvino_scorer.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,8 +150,13 @@ def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only
         return module, Choice("fp32", reason)
     if only and next(module.get_submodule(only).parameters(), None) is None:
         return module, Choice("fp32", f"nothing to lower (no parameters in {only!r})")
-    candidate = lowered(module, dtype, only, chunked_attention)
+    return guarded(module, lowered(module, dtype, only, chunked_attention), probe, Choice(dtype, reason))
+
+
+def guarded(module: nn.Module, candidate: nn.Module, probe: Probe, choice: Choice) -> tuple[nn.Module, Choice]:
+    """`candidate` with `choice` (and its Spearman) if it keeps the probe's rankings, else the fp32 module itself."""
     rho = worst_spearman(probe(module), probe(candidate))
     if rho < MIN_SPEARMAN:
-        return module, Choice("fp32", f"{dtype} failed the guard (Spearman {rho:.4f} < {MIN_SPEARMAN})", rho)
-    return candidate, Choice(dtype, reason, rho)
+        return module, Choice("fp32", f"{choice.dtype} ({choice.runtime}) failed the guard "
+                                      f"(Spearman {rho:.4f} < {MIN_SPEARMAN})", rho)
+    return candidate, replace(choice, spearman=rho)

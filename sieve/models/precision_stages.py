@@ -7,6 +7,8 @@ stays fp32 (the index was built in fp32, and live additions must match it): only
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,14 +16,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from sieve.models import attention
+from sieve.models import attention, openvino_scorer
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.cross_encoder import CrossEncoder
-from sieve.models.precision import Choice, Probe, lower
+from sieve.models.precision import Choice, Probe, best_dtype, guarded, lower
 from sieve.models.text_encoder import TextEncoder
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "demo_corpus.jsonl"
 N_QUERIES, N_DOCS = 8, 32  # probe rankings, items per ranking
+RUNTIMES = ("auto", "torch", "openvino")  # the cross-encoder's (SIEVE_CE_RUNTIME)
+log = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
@@ -92,10 +96,49 @@ def lower_cmc(bundle: CMCBundle, biencoder: TextEncoder, mode: str) -> tuple[nn.
     return lower(bundle.model, bundle.query_tower.device, mode, cmc_probe(bundle, biencoder), only="layers")
 
 
-def lower_cross_encoder(ce: CrossEncoder, mode: str) -> tuple[CrossEncoder, Choice]:
-    """A CrossEncoder sharing tokenizer and settings with the scorer to serve."""
-    scorer, choice = lower(ce.scorer, ce.device, mode, ce_probe(ce), int8=False)
+def lower_cross_encoder(ce: CrossEncoder, mode: str, runtime: str = "auto") -> tuple[CrossEncoder, Choice]:
+    """A CrossEncoder sharing tokenizer and settings with the scorer to serve: compiled by OpenVINO where `runtime`
+    allows it (openvino_runtime), else torch in the best dtype (precision.lower); when OpenVINO was tried and not
+    kept, the torch record says why."""
+    tried = None
+    if openvino_runtime(ce, mode, runtime):
+        scorer, tried = compiled_cross_encoder(ce, mode)
+    if tried is not None and tried.runtime == "openvino":
+        choice = tried
+    else:
+        scorer, choice = lower(ce.scorer, ce.device, mode, ce_probe(ce), int8=False)
+        if tried is not None:
+            choice = replace(choice, reason=f"{choice.reason}; {tried.reason}")
     if scorer is ce.scorer:
         return ce, choice
     return CrossEncoder(scorer, ce.tokenizer, name=ce.name, weights_hash=ce.weights_hash, lengths=ce.lengths,
                         device=ce.device, batch_size=ce.batch_size), choice
+
+
+def openvino_runtime(ce: CrossEncoder, mode: str, runtime: str) -> bool:
+    """Whether to try OpenVINO: runtime "openvino", or "auto" with precision auto on a CPU with native bf16 (where it
+    was measured faster than torch, docs/performance.md)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"cross-encoder runtime {runtime!r} is not one of {RUNTIMES}")
+    if runtime == "torch" or ce.device.type != "cpu":
+        return False
+    if runtime == "openvino":
+        if not openvino_scorer.available():
+            raise RuntimeError("SIEVE_CE_RUNTIME=openvino but the openvino package is not installed")
+        return True
+    return openvino_scorer.available() and best_dtype(ce.device, mode, int8=False)[0] == "bf16"
+
+
+def compiled_cross_encoder(ce: CrossEncoder, mode: str) -> tuple[nn.Module, Choice]:
+    """The OpenVINO-compiled scorer in the dtype precision.best_dtype picks (bf16 or fp32), guarded; the fp32 torch
+    scorer and a record saying why when it fails to convert or moves rankings."""
+    dtype, reason = best_dtype(ce.device, mode, int8=False)
+    dtype = dtype if dtype in openvino_scorer.PRECISION_HINTS else "fp32"
+    queries, docs = probe_texts()
+    try:
+        candidate = openvino_scorer.compile_scorer(ce.scorer, ce.tokenize_pairs(queries[0], list(docs[:4])), dtype)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure leaves the torch path, said in /readyz
+        log.warning("OpenVINO could not compile the cross-encoder, torch serves it: %s", exc)
+        return ce.scorer, Choice("fp32", f"OpenVINO failed to compile ({type(exc).__name__}: {' '.join(str(exc).split())})"[:400])
+    choice = Choice(dtype, f"{reason}; OpenVINO {openvino_scorer.version()}", runtime="openvino")
+    return guarded(ce.scorer, candidate, ce_probe(ce), choice)

@@ -122,7 +122,7 @@ def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) ->
             cmc.query_tower.query_module, choice = lower_query_tower(cmc.query_tower, settings.precision)
             record["cmc_query"] = choice.as_dict()
     if cross_encoder is not None:
-        models["ce"], choice = lower_cross_encoder(cross_encoder, settings.precision)
+        models["ce"], choice = lower_cross_encoder(cross_encoder, settings.precision, settings.ce_runtime)
         record["cross_encoder"] = choice.as_dict()
     for stage, rec in record.items():
         log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])

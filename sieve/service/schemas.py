@@ -255,6 +255,7 @@ class StagePrecision(Reply):
     dtype: Literal["fp32", "bf16", "fp16", "int8"] = Field(..., description="Number format of the stage's weights and matmuls (int8: dynamically quantised linear layers).")
     reason: str = Field(..., description="Why this format: the device's capabilities, SIEVE_PRECISION=fp32, or a failed quality guard.")
     spearman: float | None = Field(None, description="Lowest Spearman rank correlation of the stage's scores with fp32 on the start-up probe inputs; null when it runs in fp32 by choice.")
+    runtime: Literal["torch", "openvino"] = Field("torch", description="What runs the stage: torch, or OpenVINO (the cross-encoder with SIEVE_CE_RUNTIME auto on a CPU with native bf16, or openvino).")
 
 
 class Ready(Reply):

@@ -1,5 +1,6 @@
 """/readyz reports each stage's number format: what this CPU offers with SIEVE_PRECISION=auto (the service's
-default), fp32 everywhere with SIEVE_PRECISION=fp32 (what the rest of the suite runs); the lowered server answers."""
+default; the cross-encoder compiled by OpenVINO where the CPU has native bf16), fp32 everywhere with SIEVE_PRECISION=fp32
+(what the rest of the suite runs); the lowered server answers /search and /rerank."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,8 @@ def expected(int8: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def auto_server(demo_index, tmp_path_factory):
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc"},
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc",
+                  "SIEVE_CROSS_ENCODER_ENABLED": "true"},  # the shipped (gated) cross-encoder
                  tmp_path_factory.mktemp("logs") / "auto-server.log")
     yield srv
     srv.stop()
@@ -25,14 +27,24 @@ def test_auto_reports_what_this_cpu_runs_and_serves(auto_server):
         precision = client.get("/readyz").json()["precision"]
         assert precision["cmc"]["dtype"] == expected(), precision
         assert precision["bi_encoder_query"]["dtype"] == expected(int8=False), precision
+        # the cross-encoder: compiled by OpenVINO where the CPU has native bf16 (SIEVE_CE_RUNTIME=auto), else torch
+        assert (precision["cross_encoder"]["dtype"], precision["cross_encoder"]["runtime"]) == (
+            ("bf16", "openvino") if native_bf16() else ("fp32", "torch")), precision
         for stage in precision.values():
             assert stage["spearman"] is None or stage["spearman"] >= MIN_SPEARMAN, precision
         body = client.post("/search", json={"query": "how do stars die", "rerank": "cmc", "top_k": 5}).json()
+        texts = ["Red giant stars swell when hydrogen runs out.", "Bread rises because yeast makes gas."] * 3
+        reranked = client.post("/rerank", json={"query": "what happens when a star runs out of hydrogen",
+                                                "documents": texts, "top_n": 6, "model": "ce"},
+                               headers={"Cache-Control": "no-cache"})
     scores = [hit["scores"]["cmc"] for hit in body["results"]]
     assert len(scores) == 5 and scores == sorted(scores, reverse=True)
+    assert reranked.status_code == 200, reranked.text
+    assert [r["index"] % 2 for r in reranked.json()["results"]] == [0, 0, 0, 1, 1, 1]
 
 
 def test_fp32_setting_runs_every_stage_in_fp32(client):
     precision = client.get("/readyz").json()["precision"]
     assert set(precision) == {"bi_encoder_query", "cmc"}  # this server loads no cross-encoder
-    assert all(p == {"dtype": "fp32", "reason": "SIEVE_PRECISION=fp32", "spearman": None} for p in precision.values())
+    fp32 = {"dtype": "fp32", "reason": "SIEVE_PRECISION=fp32", "spearman": None, "runtime": "torch"}
+    assert all(p == fp32 for p in precision.values())
