@@ -41,6 +41,21 @@ def cache_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ce_checkpoint(tmp_path_factory):
+    """A local cross-encoder directory (packaged MiniLM body, seeded untrained head), as a user would point at."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from sieve.models.weights import default_model_path
+
+    path = tmp_path_factory.mktemp("ce-checkpoint")
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1).save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def biencoder():
     import torch  # heavy imports inside the fixture: tests that need no model start fast
 

@@ -24,17 +24,9 @@ DOCS = ["Red giant stars swell as hydrogen runs out in the core.", "Exoplanet tr
 
 
 @pytest.fixture(scope="module")
-def plain_ce(tmp_path_factory):
+def plain_ce(ce_checkpoint):
     """The plain one-logit head a user's Hugging Face checkpoint has (packaged MiniLM body, seeded head)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from sieve.models.weights import default_model_path
-
-    path = tmp_path_factory.mktemp("plain-ce")
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1).save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(path)
-    return CrossEncoder.from_pretrained(path, lengths=PairLengths(64, 256))
+    return CrossEncoder.from_pretrained(ce_checkpoint, lengths=PairLengths(64, 256))
 
 
 @pytest.fixture(scope="module")

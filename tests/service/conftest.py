@@ -1,11 +1,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from sieve.index import build_index, read_beir_corpus
-from sieve.models.weights import default_model_path
 from tests.conftest import DEMO_CORPUS
 from tests.server import Server
 
@@ -14,16 +11,6 @@ from tests.server import Server
 def demo_index(tmp_path_factory, biencoder, cache_dir):
     path = tmp_path_factory.mktemp("demo-index")
     build_index(read_beir_corpus(DEMO_CORPUS), biencoder, path, cache_dir=cache_dir, progress=False)
-    return path
-
-
-@pytest.fixture(scope="session")
-def ce_checkpoint(tmp_path_factory):
-    """A local cross-encoder directory (packaged MiniLM body, seeded untrained head), as a user would point at."""
-    path = tmp_path_factory.mktemp("ce-checkpoint")
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(str(default_model_path()), num_labels=1).save_pretrained(path)
-    AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(path)
     return path
 
 
