@@ -81,9 +81,11 @@ def test_cosine_is_torchs_cosine_similarity():
     torch.testing.assert_close(cosine(a, b), F.cosine_similarity(a, b, dim=-1), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.skipif(not native_bf16(), reason="bf16 inference needs AVX-512 BF16 / AMX; OpenVINO is not picked without it")
-def test_bf16_keeps_rankings_and_auto_picks_it_where_the_cpu_has_bf16(gated_ce):
+def test_auto_compiles_in_bf16_where_the_cpu_has_it_and_keeps_rankings(gated_ce):
     served, choice = lower_cross_encoder(gated_ce, "auto")
+    if not native_bf16():  # emulated bf16 is slower than fp32 (docs/performance.md): such a CPU keeps torch fp32
+        assert served is gated_ce and (choice.runtime, choice.dtype) == ("torch", "fp32"), choice
+        return
     assert (choice.runtime, choice.dtype) == ("openvino", "bf16"), choice
     assert isinstance(served.scorer, openvino_scorer.OpenVINOScorer) and choice.spearman >= MIN_SPEARMAN
     probe = ce_probe(gated_ce, n_queries=2, n_docs=16)
