@@ -12,7 +12,9 @@ Any head whose forward traces is compiled (the plain one-logit "cls" head and "g
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import queue
 import threading
 import warnings
 from typing import Mapping
@@ -36,20 +38,31 @@ def version() -> str:
 
 class OpenVINOScorer(nn.Module):
     """PairScorer's call, forward(input_ids, attention_mask, token_type_ids=None) -> (B,) float32, run by a compiled
-    OpenVINO model; one infer request per calling thread (requests are not thread-safe, the compiled model is)."""
+    OpenVINO model. Infer requests are not thread-safe and each holds its own activation memory (~100 MB for 32
+    MiniLM pairs of 256 tokens), so callers share a pool of at most `max_requests`, made on demand: more concurrent
+    forwards than that wait (the cores are busy anyway), and memory stays bounded however many threads call."""
 
-    def __init__(self, compiled, input_names: tuple[str, ...], dtype: str, traced: nn.Module):
+    def __init__(self, compiled, input_names: tuple[str, ...], dtype: str, traced: nn.Module, max_requests: int = 2):
         super().__init__()
         self.traced = traced
         self.compiled = compiled
         self.input_names = input_names
         self.dtype = dtype
-        self.local = threading.local()
+        self.slots = threading.BoundedSemaphore(max_requests)
+        self.idle: queue.SimpleQueue = queue.SimpleQueue()
+        self.created = 0
 
+    @contextlib.contextmanager
     def request(self):
-        if not hasattr(self.local, "request"):
-            self.local.request = self.compiled.create_infer_request()
-        return self.local.request
+        with self.slots:
+            try:
+                req = self.idle.get_nowait()
+            except queue.Empty:
+                req, self.created = self.compiled.create_infer_request(), self.created + 1
+            try:
+                yield req
+            finally:
+                self.idle.put(req)
 
     def __getattr__(self, name: str):
         try:
@@ -61,7 +74,8 @@ class OpenVINOScorer(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         inputs = {name: given[name].cpu().numpy() for name in self.input_names}
-        out = self.request().infer(inputs)[0]  # (B, 1) or (B,)
+        with self.request() as req:
+            out = req.infer(inputs)[0]  # (B, 1) or (B,)
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(len(input_ids)))
 
 

@@ -58,8 +58,9 @@ def test_the_compiled_scorer_keeps_the_heads_other_methods(gated_ce):
     torch.testing.assert_close(served.score(QUERY, DOCS), gated_ce.score(QUERY, DOCS), atol=1e-3, rtol=1e-3)
 
 
-def test_threads_each_get_their_own_request(plain_ce):
+def test_concurrent_callers_share_a_bounded_pool_of_requests(plain_ce):
     compiled = openvino_scorer.compile_scorer(plain_ce.scorer, example(plain_ce), "fp32")
+    assert compiled.created == 0
     batches = [plain_ce.tokenize_pairs(QUERY, DOCS[i:] + DOCS[:i]) for i in range(4)]
     with torch.inference_mode():
         expected = [compiled(**b) for b in batches]
@@ -74,6 +75,7 @@ def test_threads_each_get_their_own_request(plain_ce):
     [t.join() for t in threads]
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, atol=0, rtol=0)
+    assert 1 <= compiled.created <= 2  # 4 threads, at most 2 infer requests (their memory stays bounded)
 
 
 def test_cosine_is_torchs_cosine_similarity():
