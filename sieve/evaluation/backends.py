@@ -21,8 +21,9 @@ class QueryResult:
 
 
 class InProcessBackend:
-    def __init__(self, searcher):
+    def __init__(self, searcher, precision: dict | None = None):
         self.searcher = searcher
+        self.precision = precision  # stage -> what it runs in (Components.precision, as /readyz shows it)
 
     @property
     def stages(self) -> set[str]:
@@ -43,7 +44,8 @@ class InProcessBackend:
                 "index_version": s.index.version,
                 "models": {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
                            "cross_encoder": s.cross_encoder.name if s.cross_encoder else None},
-                "ce_lengths": asdict(s.cross_encoder.lengths) if s.cross_encoder else None}
+                "ce_lengths": asdict(s.cross_encoder.lengths) if s.cross_encoder else None,
+                "precision": self.precision}
 
 
 class HttpBackend:

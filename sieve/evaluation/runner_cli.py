@@ -101,7 +101,7 @@ def cmd_transfer(args: argparse.Namespace, settings, cfg: EvalConfig) -> None:
     with ExitStack() as stack:
         def backend(data):
             components = stack.enter_context(closing(load_local(settings, data.name, data.corpus_path)))
-            return InProcessBackend(components.searcher)
+            return InProcessBackend(components.searcher, components.precision)
 
         doc = transfer_report(backend, args.data, pipelines, cfg, args.max_queries, args.seed, log)
     doc["command"] = command_line(args)
@@ -139,7 +139,7 @@ def evaluate(args: argparse.Namespace, settings, data, cfg: EvalConfig) -> dict:
         if args.server:
             backend = stack.enter_context(closing(HttpBackend(args.server)))
         else:
-            backend = InProcessBackend(local.searcher)
+            backend = InProcessBackend(local.searcher, local.precision)
         ce_log: dict = {}  # CE scores the pipelines compute, reused by Table 2 (same model, same pairs)
         pipelines = run_pipelines(backend, data, args.pipelines, cfg, log=log, ce_log=ce_log)
         reuse = ce_log if not args.server else None  # a server may run another cross-encoder
