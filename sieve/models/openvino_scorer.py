@@ -79,10 +79,9 @@ class OpenVINOScorer(nn.Module):
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(len(input_ids)))
 
 
-def compile_scorer(scorer: nn.Module, example: Mapping[str, torch.Tensor], dtype: str,
-                   threads: int | None = None) -> OpenVINOScorer:
+def compile_scorer(scorer: nn.Module, example: Mapping[str, torch.Tensor], dtype: str) -> OpenVINOScorer:
     """Trace the fp32 `scorer` on `example` (its keyword inputs: what CrossEncoder.tokenize_pairs gives) and compile
-    it for the CPU in `dtype` ("bf16" or "fp32"). Raises whatever OpenVINO raises when the model does not convert."""
+    it for the CPU in `dtype` ("bf16" or "fp32") on torch's thread count. Raises whatever OpenVINO raises when the model does not convert."""
     import openvino as ov
 
     if dtype not in PRECISION_HINTS:
@@ -92,5 +91,5 @@ def compile_scorer(scorer: nn.Module, example: Mapping[str, torch.Tensor], dtype
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the trace is of fixed code paths, shapes stay dynamic
         model = ov.convert_model(scorer.eval(), example_input={k: example[k].cpu() for k in names})
     config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[dtype], "PERFORMANCE_HINT": "LATENCY",
-              "INFERENCE_NUM_THREADS": threads or torch.get_num_threads()}
+              "INFERENCE_NUM_THREADS": torch.get_num_threads()}
     return OpenVINOScorer(ov.Core().compile_model(model, "CPU", config), names, dtype, scorer).eval()

@@ -100,13 +100,13 @@ def lower_cross_encoder(ce: CrossEncoder, mode: str, runtime: str = "auto") -> t
     """A CrossEncoder sharing tokenizer and settings with the scorer to serve: compiled by OpenVINO where `runtime`
     allows it (openvino_runtime), else torch in the best dtype (precision.lower); when OpenVINO was tried and not
     kept, the torch record says why."""
-    tried = None
+    probe, tried = ce_probe(ce), None
     if openvino_runtime(ce, mode, runtime):
-        scorer, tried = compiled_cross_encoder(ce, mode)
+        scorer, tried = compiled_cross_encoder(ce, mode, probe)
     if tried is not None and tried.runtime == "openvino":
         choice = tried
     else:
-        scorer, choice = lower(ce.scorer, ce.device, mode, ce_probe(ce), int8=False)
+        scorer, choice = lower(ce.scorer, ce.device, mode, probe, int8=False)
         if tried is not None:
             choice = replace(choice, reason=f"{choice.reason}; {tried.reason}")
     if scorer is ce.scorer:
@@ -129,11 +129,10 @@ def openvino_runtime(ce: CrossEncoder, mode: str, runtime: str) -> bool:
     return openvino_scorer.available() and best_dtype(ce.device, mode, int8=False)[0] == "bf16"
 
 
-def compiled_cross_encoder(ce: CrossEncoder, mode: str) -> tuple[nn.Module, Choice]:
+def compiled_cross_encoder(ce: CrossEncoder, mode: str, probe: Probe) -> tuple[nn.Module, Choice]:
     """The OpenVINO-compiled scorer in the dtype precision.best_dtype picks (bf16 or fp32), guarded; the fp32 torch
     scorer and a record saying why when it fails to convert or moves rankings."""
-    dtype, reason = best_dtype(ce.device, mode, int8=False)
-    dtype = dtype if dtype in openvino_scorer.PRECISION_HINTS else "fp32"
+    dtype, reason = best_dtype(ce.device, mode, int8=False)  # a CPU's: bf16 or fp32
     queries, docs = probe_texts()
     try:
         candidate = openvino_scorer.compile_scorer(ce.scorer, ce.tokenize_pairs(queries[0], list(docs[:4])), dtype)
@@ -141,4 +140,4 @@ def compiled_cross_encoder(ce: CrossEncoder, mode: str) -> tuple[nn.Module, Choi
         log.warning("OpenVINO could not compile the cross-encoder, torch serves it: %s", exc)
         return ce.scorer, Choice("fp32", f"OpenVINO failed to compile ({type(exc).__name__}: {' '.join(str(exc).split())})"[:400])
     choice = Choice(dtype, f"{reason}; OpenVINO {openvino_scorer.version()}", runtime="openvino")
-    return guarded(ce.scorer, candidate, ce_probe(ce), choice)
+    return guarded(ce.scorer, candidate, probe, choice)

@@ -58,7 +58,7 @@ def fingerprint(components: Components, settings: Settings) -> str:
         stages[spec.name] = None if model is None else (spec.identity or model_identity)(model)
     return digest(json.dumps([model_identity(s.biencoder), stages, settings.query_max_length,
                               settings.query_overflow,
-                              {stage: (c["dtype"], c.get("runtime", "torch"))  # int8, OpenVINO scores differ
+                              {stage: (c["dtype"], c["runtime"])  # int8, OpenVINO scores differ
                                for stage, c in components.precision.items()}],
                              sort_keys=True, default=str))
 

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(32, ge=1, le=1024, description="Most requests in one batch.")
     batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued).")
     cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
-    ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head is the plain one-logit head, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
+    ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head converts, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
     ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
     # deadlines
     default_timeout_ms: int | None = Field(None, ge=1, description="Budget of a request that gives no timeout_ms; unset = none.")
