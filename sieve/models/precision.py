@@ -9,6 +9,7 @@ Chosen once at start-up by the caller (never inside model code), per stage:
   docs/performance.md), so a CPU without native bf16 runs them in fp32.
 - otherwise, or with SIEVE_PRECISION=fp32: fp32.
 bf16 without native support is emulated and 2-4x slower than fp32, so it is never picked on such a CPU.
+bf16 attention on a CPU runs chunked (models/attention.py) unless the CPU has AMX (chunked_attention_pays).
 
 The guard: the lowered model scores fixed probe inputs (the caller's `probe`) and is kept only when every
 probe's Spearman rank correlation with the fp32 scores is >= MIN_SPEARMAN; otherwise the stage stays fp32 and
@@ -63,6 +64,14 @@ def int8_kernels() -> bool:
     return bool({"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines)) and "avx2" in cpu_flags()
 
 
+def chunked_attention_pays() -> bool:
+    """Whether a lowered module's bf16/fp16 attention on this CPU should run chunked (models/attention.py) rather than
+    in torch's fused kernel. With AMX (amx_bf16) the fused kernel multiplies on AMX tiles (oneDNN brgemm) and is
+    2.3-3.1x faster than chunked (Intel host, CMC and cross-encoder shapes, docs/performance.md); with AVX-512 BF16
+    alone (AMD Zen 4 / Zen 5) it runs bf16 no faster than fp32 and chunked is 1.5-2.8x faster."""
+    return "amx_bf16" not in cpu_flags()
+
+
 def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> tuple[str, str]:
     """(dtype, reason) for a stage on this device; int8=False: the stage does not keep its rankings in int8."""
     if mode not in MODES:
@@ -82,7 +91,8 @@ def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> t
 class CastFloats(nn.Module):
     """Runs `inner` (weights in `dtype`) on float32 inputs and gives float32 outputs; other attributes of the
     inner module (a head's pair_inputs, parts, ...) stay reachable. With chunked_attention, its attention on a CPU runs
-    as chunked bf16/fp16 matmuls (models/attention.py: torch's fused CPU kernel is no faster in bf16 than in fp32)."""
+    as chunked bf16/fp16 matmuls (models/attention.py: without AMX torch's fused CPU kernel is no faster in bf16 than
+    in fp32)."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype, chunked_attention: bool = True):
         super().__init__()
@@ -103,13 +113,15 @@ class CastFloats(nn.Module):
             return getattr(super().__getattr__("inner"), name)
 
 
-def lowered(module: nn.Module, dtype: str, only: str | None = None, chunked_attention: bool = True) -> nn.Module:
+def lowered(module: nn.Module, dtype: str, only: str | None = None,
+            chunked_attention: bool | None = None) -> nn.Module:
     """A copy of `module` in `dtype`, or only of its submodule `only` (the rest stays fp32: e.g. CMC's evidence fusion,
     whose scores bf16 would round into ties). int8 quantises the nn.Linear layers; bf16/fp16 cast the weights and wrap
     them in CastFloats (each layer of a ModuleList on its own, so it stays iterable); chunked_attention: bf16/fp16
-    attention on a CPU as chunked matmuls."""
+    attention on a CPU as chunked matmuls (None: where that pays on this CPU, chunked_attention_pays)."""
     if dtype == "fp32":
         return module
+    chunked_attention = chunked_attention_pays() if chunked_attention is None else chunked_attention
     out = copy.deepcopy(module)
     target = out.get_submodule(only) if only else out
     if dtype == "int8":
@@ -143,13 +155,16 @@ def worst_spearman(reference: np.ndarray, scores: np.ndarray) -> float:
 
 
 def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only: str | None = None,
-          int8: bool = True, chunked_attention: bool = True) -> tuple[nn.Module, Choice]:
+          int8: bool = True, chunked_attention: bool | None = None) -> tuple[nn.Module, Choice]:
     """The best dtype for this device if it keeps the probe's rankings, else the fp32 module itself."""
     dtype, reason = best_dtype(device, mode, int8)
     if dtype == "fp32":
         return module, Choice("fp32", reason)
     if only and next(module.get_submodule(only).parameters(), None) is None:
         return module, Choice("fp32", f"nothing to lower (no parameters in {only!r})")
+    chunked_attention = chunked_attention_pays() if chunked_attention is None else chunked_attention
+    if device.type == "cpu" and dtype in DTYPES:
+        reason += "; attention " + ("chunked" if chunked_attention else "in torch's fused kernel")
     return guarded(module, lowered(module, dtype, only, chunked_attention), probe, Choice(dtype, reason))
 
 

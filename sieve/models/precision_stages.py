@@ -88,7 +88,7 @@ def lower_query_tower(encoder: TextEncoder, mode: str) -> tuple[nn.Module, Choic
     query_max_length tokens, 64 by default): torch's attention kernel is as fast there, and the chunked-attention
     mode would cost more than it saves (models/attention.py)."""
     return lower(encoder.module, encoder.device, mode, query_probe(encoder), int8=False,
-                 chunked_attention=encoder.lengths.query_max_length >= attention.MIN_KEYS)
+                 chunked_attention=None if encoder.lengths.query_max_length >= attention.MIN_KEYS else False)
 
 
 def lower_cmc(bundle: CMCBundle, biencoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:

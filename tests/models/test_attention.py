@@ -1,5 +1,6 @@
 """The chunked low-precision attention (models/attention.py) computes what torch's fused kernel computes, whatever
-the mask form and however it is chunked, and the function mode routes only the calls it can take."""
+the mask form and however it is chunked, the function mode routes only the calls it can take, and lowered modules
+take that path on CPUs without AMX only."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from sieve.models import attention
 from sieve.models.attention import LowPrecisionAttention, chunked_attention
 from sieve.models.cmc import CMC, CMCConfig, randomize_gates
+from sieve.models import precision
 from sieve.models.precision import lowered
 
 
@@ -64,7 +66,7 @@ def test_bf16_cmc_scores_close_to_fp32_and_the_mode_is_used(monkeypatch):
     mask[1, 150:] = False  # padded candidates: a bool key mask reaches the attention
     with torch.inference_mode():
         reference = model(query, cands, mask)
-        low = lowered(model, "bf16", only="layers")(query, cands, mask)
+        low = lowered(model, "bf16", only="layers", chunked_attention=True)(query, cands, mask)
     assert len(calls) == 2 and calls[0].dtype == torch.bool  # both layers, with the padding mask
     assert torch.isinf(low[1, 150:]).all() and torch.isfinite(low[1, :150]).all()
     assert (low[mask] - reference[mask]).abs().max() < 0.05 * reference[mask].abs().max()
@@ -79,7 +81,7 @@ def test_bf16_bert_takes_the_chunked_path_with_padding(monkeypatch, biencoder):
     texts = ["stars turn into red giants when their cores run out of hydrogen " * 20, "volcanoes erupt " * 40]
     inputs = biencoder.tokenize(texts, 256)
     assert not bool(inputs["attention_mask"].all()) and inputs["input_ids"].shape[1] >= attention.MIN_KEYS  # padded
-    tower = lowered(biencoder.module, "bf16")
+    tower = lowered(biencoder.module, "bf16", chunked_attention=True)
     with torch.inference_mode():
         reference = biencoder.module(**inputs)
         low = tower(**inputs)
@@ -87,3 +89,27 @@ def test_bf16_bert_takes_the_chunked_path_with_padding(monkeypatch, biencoder):
         tower(**biencoder.tokenize(["a short query"], 64))
     assert len(calls) == 6  # short: torch's kernel
     assert F.cosine_similarity(low, reference).min() > 0.99
+
+
+@pytest.mark.parametrize("flags, chunked", [({"avx512_bf16", "avx512_vnni"}, True), ({"avx512_bf16", "amx_bf16"}, False),
+                                            (set(), True)], ids=["avx512_bf16 (AMD)", "amx_bf16 (Intel)", "no flags"])
+def test_lowered_modules_chunk_attention_only_without_amx(monkeypatch, flags, chunked):
+    """Left to the CPU (chunked_attention=None, what every stage asks), bf16 attention runs chunked unless the CPU has
+    AMX, where torch's fused kernel multiplies on AMX tiles; asked for explicitly, either way is kept."""
+    calls = []
+    real_attention = attention.chunked_attention
+    monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(1) or real_attention(*a, **k))
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    model = randomize_gates(CMC(CMCConfig()).eval())
+    gen = torch.Generator().manual_seed(3)
+    query, cands = torch.randn(1, 384, generator=gen), F.normalize(torch.randn(1, attention.MIN_KEYS, 384, generator=gen), dim=-1)
+    with torch.inference_mode():
+        reference = model(query, cands)
+        low = lowered(model, "bf16", only="layers")
+        assert all(layer.chunked_attention is chunked for layer in low.layers)
+        scores = low(query, cands)
+        assert len(calls) == (2 if chunked else 0)  # one call per CMC layer, or none
+        lowered(model, "bf16", only="layers", chunked_attention=not chunked)(query, cands)
+    assert len(calls) == 2
+    assert precision.chunked_attention_pays() is chunked
+    assert (scores - reference).abs().max() < 0.05 * reference.abs().max()
