@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sieve.models import attention
+from sieve.models import attention, precision
 from sieve.models.attention import LowPrecisionAttention, chunked_attention
 from sieve.models.cmc import CMC, CMCConfig, randomize_gates
-from sieve.models import precision
 from sieve.models.precision import lowered
 
 
