@@ -21,7 +21,7 @@ RRF_K = 60
 
 @dataclass(frozen=True)
 class HybridConfig:
-    depth: int = 100  # top N taken from each list before fusion
+    depth: int | None = None  # top N taken from each list before fusion; None = the stage's k (retrieve_k)
     rrf_k: float = RRF_K
     weight_be: float = 1.0  # weighted RRF: each list's 1 / (k + rank) is multiplied by its weight
     weight_bm25: float = 1.0
@@ -59,14 +59,15 @@ class LexicalRetrieve(FirstStage):
 
 
 class HybridRetrieve(FirstStage):
-    """The bi-encoder's and BM25's top `depth` each, fused by reciprocal rank; the union (up to k) in fused order."""
+    """The bi-encoder's and BM25's top `depth` each (default: k each), fused by reciprocal rank; the top k of the
+    union in fused order."""
 
     def __init__(self, index, k: int, config: HybridConfig = HybridConfig()):
         super().__init__(index, k)
         self.config = config
 
     def __call__(self, state: QueryState) -> QueryState:
-        depth = min(max(self.config.depth, 1), self.index.size)
+        depth = min(max(self.config.depth or self.k, 1), self.index.size)
         vector = state.query_vectors["be"]
         with state.timed("mips"):
             _, dense_rows = self.index.search(vector.float().cpu().numpy()[None, :], depth)

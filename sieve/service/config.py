@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     # lexical first stage (BM25 inside each index version) and hybrid fusion
     lexical_enabled: bool = Field(True, description="`sieve index build` / `sieve demo` / `sieve eval` give the index a BM25 part (retriever bm25 and hybrid).")
     lexical_language: str = Field("english", description="BM25 analyzer: stop words and PyStemmer stemmer of this language; 'none' = lower-cased tokens only.")
-    hybrid_depth: int = Field(100, ge=1, description="Hybrid retriever: the top N of the bi-encoder and of BM25 that are fused.")
+    hybrid_depth: int | None = Field(None, ge=1, description="Hybrid retriever: the top N of the bi-encoder and of BM25 that are fused; unset = the request's retrieve_k (default 512), so CMC compares the top retrieve_k of the fused list (100 was the default before the adapted CMC).")
     rrf_k: float = Field(60.0, gt=0, description="Reciprocal-rank fusion constant: each list adds weight / (rrf_k + rank).")
     hybrid_weight_be: float = Field(1.0, ge=0, description="Weight of the bi-encoder list in the fusion.")
     hybrid_weight_bm25: float = Field(1.0, ge=0, description="Weight of the BM25 list in the fusion.")

@@ -48,6 +48,7 @@ def cmd_fusion(args: argparse.Namespace, settings) -> None:
     if any(d.resolve().name.lower() == "arguana" for d in args.data):
         raise ValueError("ArguAna only reports transfer: never train or select on it")
     train_lists, dev_lists, data_notes = [], [], []
+    settings = settings.model_copy(update={"hybrid_depth": args.depth})  # the lists it was trained on: top depth of each
     with ExitStack() as stack:
         for data_dir in args.data:
             name = data_dir.resolve().name

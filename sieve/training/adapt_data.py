@@ -1,0 +1,125 @@
+"""The training lists of `sieve adapt`: pseudo-queries of an index's documents, each with the candidates the served
+hybrid first stage gives it (the Searcher's own stage, `retrieve_k` deep), their evidence features and where the
+source document stands among them. Reads the index only: its documents, vectors and BM25 part.
+
+Lists are mined in chunks written to the work directory (safetensors + JSON, atomically), so an interrupted
+`sieve adapt` resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file, save_file
+from tqdm.auto import tqdm
+
+from sieve.pipeline.evidence import FEATURES, features
+from sieve.pipeline.searcher import Searcher, SearchParams
+from sieve.training.pseudo_queries import PseudoQuery
+
+CHUNK = 512  # pseudo-queries mined per saved chunk
+
+
+@dataclass
+class Lists:
+    """Candidate lists of pseudo-queries: row i's candidates are rows[i, :lengths[i]] (index rows, first-stage
+    order), the source document at positive[i] (-1: not among them)."""
+    query_vectors: np.ndarray  # (Q, d) float32
+    rows: np.ndarray  # (Q, K) int32, -1 padded
+    features: np.ndarray  # (Q, K, F) float32
+    lengths: np.ndarray  # (Q,) int32
+    positive: np.ndarray  # (Q,) int32
+    sources: np.ndarray  # (Q,) int32 index row of the source document
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def select(self, picks: np.ndarray) -> "Lists":
+        return Lists(*(getattr(self, f)[picks] for f in self.__dataclass_fields__))
+
+    @staticmethod
+    def concat(parts: Sequence["Lists"], k: int, d: int) -> "Lists":
+        if not parts:
+            return Lists(np.zeros((0, d), np.float32), np.zeros((0, k), np.int32),
+                         np.zeros((0, k, len(FEATURES)), np.float32), *(np.zeros(0, np.int32) for _ in range(3)))
+        return Lists(*(np.concatenate([getattr(p, f) for p in parts]) for f in Lists.__dataclass_fields__))
+
+
+class _Vectors:
+    """An embedding cache holding precomputed query vectors (batch-encoded), so the Searcher skips its model."""
+
+    def __init__(self, vectors: dict[str, torch.Tensor]):
+        self.vectors = vectors
+
+    def get(self, tower, query: str):
+        return self.vectors.get(query)
+
+    def put(self, tower, query: str, vector) -> None:
+        pass
+
+
+def mine_chunk(searcher: Searcher, queries: Sequence[PseudoQuery], k: int) -> Lists:
+    """The served hybrid candidates of each pseudo-query, with evidence features as CMC sees them."""
+    texts = [searcher.normalise(q.text) for q in queries]
+    encoded = searcher.biencoder.encode_queries(texts).float().cpu()  # (n, d)
+    searcher.embedding_cache = _Vectors(dict(zip(texts, encoded)))
+    n, d = len(queries), encoded.shape[1]
+    out = Lists(encoded.numpy().astype(np.float32), np.full((n, k), -1, np.int32),
+                np.zeros((n, k, len(FEATURES)), np.float32), np.zeros(n, np.int32), np.full(n, -1, np.int32),
+                np.array([q.source for q in queries], np.int32))
+    for i, text in enumerate(texts):
+        outcome = searcher.search(SearchParams(text, top_k=1, retrieve_k=k, rerank="none", retriever="hybrid", cmc_k=1))
+        cands = outcome.state.candidates
+        m = len(cands)
+        out.rows[i, :m] = cands.rows
+        out.features[i, :m] = features(cands.scores["be"], cands.scores["bm25"])
+        out.lengths[i] = m
+        hit = np.flatnonzero(cands.rows == queries[i].source)
+        out.positive[i] = hit[0] if len(hit) else -1
+    searcher.embedding_cache = None
+    return out
+
+
+def _atomic_save(arrays: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(arrays, str(tmp))
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def mine(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, work: Path, deadline: float | None = None,
+         progress: bool = True) -> Lists:
+    """All chunks (those already in `work` are read back); stops early at `deadline` (time.monotonic())."""
+    work.mkdir(parents=True, exist_ok=True)
+    parts = []
+    chunks = range(0, len(queries), CHUNK)
+    bar = tqdm(total=len(queries), desc="mine candidates", unit="query", disable=not progress)
+    for number, start in enumerate(chunks):
+        path = work / f"mined-{number:05d}.safetensors"
+        if path.is_file():
+            parts.append(Lists(**load_file(str(path))))
+        else:
+            if deadline is not None and time.monotonic() > deadline:
+                bar.write(f"time budget reached while mining: {sum(len(p) for p in parts)} pseudo-queries mined")
+                break
+            part = mine_chunk(searcher, queries[start:start + CHUNK], k)
+            _atomic_save({f: getattr(part, f) for f in Lists.__dataclass_fields__}, path)
+            parts.append(part)
+        bar.update(len(parts[-1]))
+    bar.close()
+    return Lists.concat(parts, k, searcher.biencoder.dim)
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

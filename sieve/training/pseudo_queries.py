@@ -1,0 +1,133 @@
+"""Pseudo-queries made from a corpus's documents alone (for `sieve adapt`): each one names its source document.
+
+Generators (pure functions of a document, the corpus statistics and a seeded random generator):
+  title     the document's title (none for documents without one)
+  sentence  one sentence of the text, picked at random (inverse cloze: the sentence stands for a question the
+            document answers); very short and very long sentences are passed over
+  span      a window of 8-24 words cropped from the text at a random place
+  terms     3-6 of the document's most salient terms (highest tf x idf over the corpus), in the order they occur:
+            the shape of a short keyword query
+  mix       each document gets one of sentence / span / terms (title where it has one) at random
+No generative model: no package here ships the weights of one (and nothing is downloaded at run time).
+`query_stats` says how close a set of queries looks to real ones: length and the share of their terms found in
+the source (or relevant) document.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from sieve.index.corpus import Document
+
+GENERATORS = ("title", "sentence", "span", "terms", "mix")
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+_WORD_RE = re.compile(r"\S+")
+_TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
+
+
+@dataclass(frozen=True)
+class PseudoQuery:
+    text: str
+    source: int  # position of the source document in the corpus list
+
+
+class TermStats:
+    """Document frequencies of the analyzer's terms over the corpus (salient terms and overlap need them)."""
+
+    def __init__(self, analyzer, docs: Sequence[Document]):
+        self.analyzer = analyzer
+        self.doc_terms = analyzer.terms([d.full_text for d in docs])
+        self.df = Counter(t for terms in self.doc_terms for t in set(terms))
+        self.n = max(len(docs), 1)
+
+    def idf(self, term: str) -> float:
+        return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+
+
+def title_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
+    return doc.title.strip() or None
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_RE.split(text) if 4 <= len(s.split()) <= 40]
+
+
+def sentence_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
+    found = sentences(doc.text)
+    return rng.choice(found) if found else None
+
+
+def span_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
+    words = _WORD_RE.findall(doc.text)
+    if len(words) < 8:
+        return None
+    length = rng.randint(8, min(24, len(words)))
+    start = rng.randint(0, len(words) - length)
+    return " ".join(words[start:start + length])
+
+
+def terms_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
+    """The most salient terms, each written as the first word of the text that the analyzer turns into it, in
+    text order: reads like words a person would type (the analyzer stems them again at search time)."""
+    terms = stats.doc_terms[row]
+    if len(set(terms)) < 3:
+        return None
+    counts = Counter(terms)
+    ranked = sorted(counts, key=lambda t: (-counts[t] * stats.idf(t), t))
+    picked = set(ranked[:rng.randint(3, 6)])
+    words = _TOKEN_RE.findall(doc.full_text)
+    stemmer = stats.analyzer.stemmer
+    stems = stemmer.stemWords([w.lower() for w in words]) if stemmer else [w.lower() for w in words]
+    out, seen = [], set()
+    for word, stem in zip(words, stems):
+        if stem in picked and stem not in seen:
+            seen.add(stem)
+            out.append(word)
+    return " ".join(out) or None
+
+
+def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
+    choices = [sentence_query, span_query, terms_query] + ([title_query] if doc.title.strip() else [])
+    rng.shuffle(choices)
+    for make in choices:
+        if (text := make(doc, rng, stats, row)) is not None:
+            return text
+    return None
+
+
+_MAKERS: dict[str, Callable] = {"title": title_query, "sentence": sentence_query, "span": span_query,
+                                "terms": terms_query, "mix": mix_query}
+
+
+def generate(generator: str, docs: Sequence[Document], rows: Sequence[int], stats: TermStats, per_doc: int = 1,
+             seed: int = 0) -> list[PseudoQuery]:
+    """Up to `per_doc` pseudo-queries for each of `rows` (documents that yield none are skipped)."""
+    if generator not in _MAKERS:
+        raise ValueError(f"unknown pseudo-query generator {generator!r}; allowed: {', '.join(GENERATORS)}")
+    make, rng = _MAKERS[generator], random.Random(seed)
+    out = []
+    for row in rows:
+        texts = {text for _ in range(per_doc) if (text := make(docs[row], rng, stats, row))}
+        out += [PseudoQuery(text, row) for text in sorted(texts)]
+    return out
+
+
+def query_stats(queries: Sequence[str], sources: Sequence[Sequence[int]], stats: TermStats) -> dict:
+    """Mean and median length (words) of the queries, and the mean share of each query's analyzer terms that occur
+    in its source document(s)."""
+    lengths = np.array([len(q.split()) for q in queries], dtype=np.float64)
+    overlaps = []
+    for query, rows in zip(queries, sources):
+        terms = set(stats.analyzer.terms([query])[0])
+        if terms:
+            doc_terms = set().union(*(stats.doc_terms[r] for r in rows))
+            overlaps.append(len(terms & doc_terms) / len(terms))
+    return {"queries": len(queries), "words_mean": round(float(lengths.mean()), 2) if len(lengths) else 0.0,
+            "words_median": float(np.median(lengths)) if len(lengths) else 0.0,
+            "term_overlap": round(float(np.mean(overlaps)), 3) if overlaps else 0.0}

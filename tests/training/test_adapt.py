@@ -1,0 +1,164 @@
+"""`sieve adapt`: reads only the index, refuses what it cannot do, resumes after a kill, installs atomically."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sieve.cli import main
+from sieve.index import build_index, read_beir_corpus
+from sieve.index.adapted import adapted_dir, adapted_documents, current_adapted
+from tests.conftest import DEMO_CORPUS
+
+AUDITED = """
+import sys
+opened = []
+sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
+from sieve.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print("OPENED " + repr(sorted(set(opened))))
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def beir_folder(tmp_path_factory):
+    """The demo corpus in BEIR layout, with queries and qrels beside it that adapt must never read."""
+    folder = tmp_path_factory.mktemp("beir")
+    shutil.copy(DEMO_CORPUS, folder / "corpus.jsonl")
+    docs = read_beir_corpus(DEMO_CORPUS)
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": d.title}) + "\n"
+                                                  for i, d in enumerate(docs)))
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                               "".join(f"q{i}\t{d.id}\t1\n" for i, d in enumerate(docs)))
+    return folder
+
+
+@pytest.fixture()
+def index(beir_folder, tmp_path, biencoder, cache_dir):
+    path = tmp_path / "index"
+    build_index(read_beir_corpus(beir_folder / "corpus.jsonl"), biencoder, path, cache_dir=cache_dir, progress=False)
+    return path
+
+
+def run_adapt(*args: str) -> int:
+    try:
+        main(["adapt", *args, "--no-progress"])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+def test_adapt_reads_the_index_only(index, beir_folder):
+    env = {**os.environ, "SIEVE_TORCH_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", AUDITED, "adapt", "--index", str(index), "--steps", "60",
+                           "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode in (0, 3), done.stderr[-2000:]
+    opened = eval(done.stdout.split("OPENED ", 1)[1].strip())
+    assert any(str(index) in path for path in opened)  # the audit saw the index being read
+    data_files = [p for p in opened if p.endswith((".jsonl", ".tsv", ".json")) and str(index) not in p
+                  and "/site-packages/" not in p and "/sieve/checkpoints/" not in p]
+    assert not [p for p in opened if str(beir_folder) in p] and not data_files, data_files
+    # whichever way the guard went, the index says so consistently
+    assert (current_adapted(index) is not None) == (done.returncode == 0)
+
+
+def test_zero_steps_is_not_installed(index, capsys):
+    assert run_adapt("--index", str(index), "--steps", "0") == 3
+    assert "NOT INSTALLED" in capsys.readouterr().err
+    assert current_adapted(index) is None
+    report = json.loads((adapted_dir(index) / ".work" / "report.json").read_text())
+    assert "no training step" in report["not_installed"]
+
+
+def test_too_small_an_index_is_refused(tmp_path, biencoder, cache_dir, capsys):
+    small = tmp_path / "small"
+    build_index(read_beir_corpus(DEMO_CORPUS)[:20], biencoder, small, cache_dir=cache_dir, progress=False)
+    assert run_adapt("--index", str(small)) == 2
+    assert "needs at least 40" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no index"):
+        main(["adapt", "--index", str(tmp_path / "missing")])
+
+
+def test_resumes_after_sigkill(index, capsys):
+    env = {**os.environ, "SIEVE_TORCH_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "adapt", "--index", str(index), "--steps", "150",
+                             "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = adapted_dir(index) / ".work" / "train.json"
+    try:
+        deadline = time.monotonic() + 540
+        while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state.is_file(), "the first evaluation was never saved"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    saved = json.loads(state.read_text())["step"]
+    assert 0 < saved < 150
+    mined = sorted((adapted_dir(index) / ".work").glob("mined-*.safetensors"))
+    assert mined
+    before = {p: p.stat().st_mtime_ns for p in mined}
+    code = run_adapt("--index", str(index), "--steps", "150")
+    err = capsys.readouterr().err
+    assert "resuming the interrupted run" in err
+    assert f"resuming at step {saved} " in err  # training went on from the last saved evaluation, not from 0
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items() if p.exists())  # mined lists were reused
+    assert code in (0, 3)
+
+
+def test_install_publishes_a_loadable_cmc(index, biencoder):
+    from sieve.models.cmc_checkpoint import load_cmc
+    from sieve.training.adapt import AdaptConfig, new_model
+    from sieve.training.adapt_cli import install
+
+    cfg = AdaptConfig(n_layers=1)
+    model = new_model(cfg, biencoder.dim, None)
+    with torch.no_grad():
+        model.evidence.cmc_weight.fill_(0.5)
+    metrics = {"first_stage": {"mrr@10": 0.5, "hit@1": 0.4, "queries": 10},
+               "shipped_default": {"mrr@10": 0.5, "hit@1": 0.4, "queries": 10},
+               "adapted": {"mrr@10": 0.6, "hit@1": 0.5, "queries": 10}}
+    summary = {"command": "sieve adapt --index x", "index_version": 1, "documents": 60, "heldout_documents": 10,
+               "pseudo_queries": 60, "lists": {"train": 50, "heldout": 10}, "query_stats": {}, "best_step": 50,
+               "steps": 100, "history": [], "config": {**cfg.__dict__}, "wall_s": 1.0,
+               "metrics": {"heldout_documents": metrics, "training_documents": metrics}}
+    ids = [f"d{i}" for i in range(60)]
+    path = install(index, model, biencoder, ids, summary, cfg)
+    assert current_adapted(index) == path
+    assert adapted_documents(path) == set(ids)
+    bundle = load_cmc(path, biencoder)
+    assert bundle.config.n_layers == 1 and bundle.config.evidence == 8
+    assert float(bundle.model.evidence.cmc_weight.detach()) == pytest.approx(0.5, abs=1e-3)
+    config = json.loads((path / "config.json").read_text())
+    assert config["metadata"]["adapted"]["documents"] == 60
+    card = (path / "model_card.md").read_text()
+    assert "0.6000" in card and "held out" in card
+    second = install(index, model, biencoder, ids, summary, cfg)
+    assert current_adapted(index) == second != path
+
+
+def test_verdict():
+    from sieve.training.adapt import verdict
+
+    def held(first, default, adapted):
+        return {k: {"mrr@10": v} for k, v in zip(("first_stage", "shipped_default", "adapted"), (first, default, adapted))}
+
+    assert verdict(held(0.5, 0.55, 0.6), best_step=100) is None
+    assert "below the first stage" in verdict(held(0.7, 0.55, 0.6), best_step=100)
+    assert "below the shipped default" in verdict(held(0.5, 0.65, 0.6), best_step=100)
+    assert "no training step" in verdict(held(0.5, 0.55, 0.6), best_step=0)

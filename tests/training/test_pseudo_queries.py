@@ -1,0 +1,56 @@
+"""Pseudo-query generators: every query comes from its source document, in the shape each generator promises."""
+from __future__ import annotations
+
+import pytest
+
+from sieve.index import read_beir_corpus
+from sieve.index.lexical import Analyzer, LexicalConfig
+from sieve.training.pseudo_queries import GENERATORS, TermStats, generate, query_stats
+from tests.conftest import DEMO_CORPUS
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    docs = read_beir_corpus(DEMO_CORPUS)
+    return docs, TermStats(Analyzer(LexicalConfig()), docs)
+
+
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_every_generator_quotes_its_source(corpus, generator):
+    docs, stats = corpus
+    queries = generate(generator, docs, range(len(docs)), stats, seed=1)
+    assert len(queries) >= len(docs) // 2
+    for q in queries:
+        doc = docs[q.source]
+        if generator in ("sentence", "span"):
+            assert q.text in " ".join(doc.text.split()) or q.text in doc.text
+        words = q.text.split()
+        assert all(w.strip(".,;:!?()\"'").lower() in doc.full_text.lower() for w in words)
+    assert query_stats([q.text for q in queries], [[q.source] for q in queries], stats)["term_overlap"] == 1.0
+
+
+def test_terms_queries_are_short_and_salient(corpus):
+    docs, stats = corpus
+    queries = generate("terms", docs, range(len(docs)), stats, seed=0)
+    assert all(1 <= len(q.text.split()) <= 6 for q in queries)
+    shape = query_stats([q.text for q in queries], [[q.source] for q in queries], stats)
+    assert 3 <= shape["words_mean"] <= 6
+
+
+def test_generation_is_seeded(corpus):
+    docs, stats = corpus
+    first = generate("mix", docs, range(len(docs)), stats, seed=3)
+    assert first == generate("mix", docs, range(len(docs)), stats, seed=3)
+    assert first != generate("mix", docs, range(len(docs)), stats, seed=4)
+
+
+def test_overlap_counts_terms_missing_from_the_document(corpus):
+    docs, stats = corpus
+    shape = query_stats(["zyzzyva quokka", docs[0].title], [[0], [0]], stats)
+    assert shape["term_overlap"] == pytest.approx(0.5)
+
+
+def test_unknown_generator_is_refused(corpus):
+    docs, stats = corpus
+    with pytest.raises(ValueError, match="allowed"):
+        generate("gpt", docs, [0], stats)
