@@ -88,6 +88,8 @@ def batch(lists: Lists, picks: np.ndarray, vectors: torch.Tensor, device, width:
     rows = torch.from_numpy(sub.rows[:, :width].astype(np.int64))
     mask = rows >= 0
     cands = vectors[rows.clamp(min=0)]  # (B, K, d)
+    positive = torch.from_numpy(sub.positive.astype(np.int64))
+    cands[torch.arange(len(picks)), positive] = torch.from_numpy(sub.source_vectors)  # the source as training sees it
     return (torch.from_numpy(sub.query_vectors).to(device), cands.to(device), mask.to(device),
             torch.from_numpy(sub.features[:, :width]).to(device), torch.from_numpy(sub.positive.astype(np.int64)).to(device))
 

@@ -126,11 +126,11 @@ def adapt(args, settings) -> int:
     stats = TermStats(Analyzer(settings.lexical_config()), docs)
     queries = generate(cfg.generator, docs, order.tolist(), stats, cfg.per_doc, cfg.seed)[:cfg.max_queries]
     log(f"{len(queries)} pseudo-queries ({cfg.generator}) from {index.size} documents, {n_held} documents held out; "
-        f"{query_stats([q.text for q in queries], [[q.source] for q in queries], stats)}")
+        f"{query_stats([q.text for q in queries], [[q.source] for q in queries], stats, [q.rest for q in queries])}")
     searcher = Searcher(biencoder, index, **searcher_options(settings))
     try:
         lists = mine(searcher, queries, min(cfg.k, index.size), work, began + 0.5 * args.minutes * 60,
-                     not args.no_progress)
+                     not args.no_progress, stats)
     finally:
         searcher.close()
     found = lists.select(np.flatnonzero(lists.positive >= 0))
@@ -155,7 +155,7 @@ def adapt(args, settings) -> int:
     summary = {"command": getattr(args, "command_line", None) or shlex.join(["sieve", *sys.argv[1:]]), "index_version": index.version,
                "documents": index.size, "heldout_documents": n_held, "pseudo_queries": len(queries),
                "lists": {"train": len(train_lists), "heldout": len(held_lists)},
-               "query_stats": query_stats([q.text for q in queries], [[q.source] for q in queries], stats),
+               "query_stats": query_stats([q.text for q in queries], [[q.source] for q in queries], stats, [q.rest for q in queries]),
                "metrics": metrics, "best_step": record["best_step"], "steps": record["step"],
                "history": record["history"], "config": record["config"],
                "wall_s": round(time.monotonic() - began, 1)}

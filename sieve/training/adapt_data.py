@@ -36,6 +36,7 @@ class Lists:
     lengths: np.ndarray  # (Q,) int32
     positive: np.ndarray  # (Q,) int32
     sources: np.ndarray  # (Q,) int32 index row of the source document
+    source_vectors: np.ndarray  # (Q, d) float32: the source as training sees it (ict: without the query sentence)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -47,7 +48,8 @@ class Lists:
     def concat(parts: Sequence["Lists"], k: int, d: int) -> "Lists":
         if not parts:
             return Lists(np.zeros((0, d), np.float32), np.zeros((0, k), np.int32),
-                         np.zeros((0, k, len(FEATURES)), np.float32), *(np.zeros(0, np.int32) for _ in range(3)))
+                     np.zeros((0, k, len(FEATURES)), np.float32), *(np.zeros(0, np.int32) for _ in range(3)),
+                     np.zeros((0, d), np.float32))
         return Lists(*(np.concatenate([getattr(p, f) for p in parts]) for f in Lists.__dataclass_fields__))
 
 
@@ -64,23 +66,49 @@ class _Vectors:
         pass
 
 
-def mine_chunk(searcher: Searcher, queries: Sequence[PseudoQuery], k: int) -> Lists:
-    """The served hybrid candidates of each pseudo-query, with evidence features as CMC sees them."""
+def refuse(be: np.ndarray, bm25: np.ndarray, hybrid) -> np.ndarray:
+    """The order reciprocal-rank fusion gives a list from its own scores (ranks within the list; BM25 counts only
+    where positive, as the BM25 list holds only documents sharing a term)."""
+    def ranks(values):
+        out = np.empty(len(values))
+        out[np.argsort(-values, kind="stable")] = np.arange(1, len(values) + 1)
+        return out
+
+    fused = hybrid.weight_be / (hybrid.rrf_k + ranks(be)) + (bm25 > 0) * hybrid.weight_bm25 / (hybrid.rrf_k + ranks(bm25))
+    return np.argsort(-fused, kind="stable")
+
+
+def mine_chunk(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, stats=None) -> Lists:
+    """The served hybrid candidates of each pseudo-query, with evidence features as CMC sees them. A pseudo-query
+    with a `rest` sees its source as that text: the source's vector, bi-encoder and BM25 scores are recomputed from
+    it and the list re-fused, so the query is no quote of its positive."""
     texts = [searcher.normalise(q.text) for q in queries]
     encoded = searcher.biencoder.encode_queries(texts).float().cpu()  # (n, d)
     searcher.embedding_cache = _Vectors(dict(zip(texts, encoded)))
     n, d = len(queries), encoded.shape[1]
+    index = searcher.index
     out = Lists(encoded.numpy().astype(np.float32), np.full((n, k), -1, np.int32),
                 np.zeros((n, k, len(FEATURES)), np.float32), np.zeros(n, np.int32), np.full(n, -1, np.int32),
-                np.array([q.source for q in queries], np.int32))
+                np.array([q.source for q in queries], np.int32), index.embeddings([q.source for q in queries]))
+    masked = [i for i, q in enumerate(queries) if q.rest is not None]
+    if masked:
+        out.source_vectors[masked] = searcher.biencoder.encode_documents([queries[i].rest for i in masked],
+                                                                         progress=False)
     for i, text in enumerate(texts):
         outcome = searcher.search(SearchParams(text, top_k=1, retrieve_k=k, rerank="none", retriever="hybrid", cmc_k=1))
         cands = outcome.state.candidates
-        m = len(cands)
-        out.rows[i, :m] = cands.rows
-        out.features[i, :m] = features(cands.scores["be"], cands.scores["bm25"])
+        rows, be, bm25 = cands.rows, cands.scores["be"].copy(), cands.scores["bm25"].copy()
+        hit = np.flatnonzero(rows == queries[i].source)
+        if len(hit) and queries[i].rest is not None:
+            be[hit[0]] = out.source_vectors[i] @ out.query_vectors[i]
+            bm25[hit[0]] = stats.bm25(text, queries[i].rest)
+            order = refuse(be, bm25, searcher.options.hybrid)
+            rows, be, bm25 = rows[order], be[order], bm25[order]
+            hit = np.flatnonzero(rows == queries[i].source)
+        m = len(rows)
+        out.rows[i, :m] = rows
+        out.features[i, :m] = features(be, bm25)
         out.lengths[i] = m
-        hit = np.flatnonzero(cands.rows == queries[i].source)
         out.positive[i] = hit[0] if len(hit) else -1
     searcher.embedding_cache = None
     return out
@@ -95,7 +123,7 @@ def _atomic_save(arrays: dict, path: Path) -> None:
 
 
 def mine(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, work: Path, deadline: float | None = None,
-         progress: bool = True) -> Lists:
+         progress: bool = True, stats=None) -> Lists:
     """All chunks (those already in `work` are read back); stops early at `deadline` (time.monotonic())."""
     work.mkdir(parents=True, exist_ok=True)
     parts = []
@@ -109,7 +137,7 @@ def mine(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, work: Path,
             if deadline is not None and time.monotonic() > deadline:
                 bar.write(f"time budget reached while mining: {sum(len(p) for p in parts)} pseudo-queries mined")
                 break
-            part = mine_chunk(searcher, queries[start:start + CHUNK], k)
+            part = mine_chunk(searcher, queries[start:start + CHUNK], k, stats)
             _atomic_save({f: getattr(part, f) for f in Lists.__dataclass_fields__}, path)
             parts.append(part)
         bar.update(len(parts[-1]))

@@ -8,6 +8,9 @@ Generators (pure functions of a document, the corpus statistics and a seeded ran
   terms     3-6 of the document's most salient terms (highest tf x idf over the corpus), in the order they occur:
             the shape of a short keyword query
   mix       each document gets one of sentence / span / terms (title where it has one) at random
+  ict       inverse cloze proper: a sentence is the query and the source document is seen *without* it (its
+            vector and BM25 are recomputed from the rest: `rest`), so the query is not a quote of its positive
+            and the model cannot win by exact match alone
 No generative model: no package here ships the weights of one (and nothing is downloaded at run time).
 `query_stats` says how close a set of queries looks to real ones: length and the share of their terms found in
 the source (or relevant) document.
@@ -25,7 +28,7 @@ import numpy as np
 
 from sieve.index.corpus import Document
 
-GENERATORS = ("title", "sentence", "span", "terms", "mix")
+GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict")
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _WORD_RE = re.compile(r"\S+")
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
@@ -35,6 +38,7 @@ _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
 class PseudoQuery:
     text: str
     source: int  # position of the source document in the corpus list
+    rest: str | None = None  # the source document as training sees it when that is not the stored one (ict)
 
 
 class TermStats:
@@ -48,6 +52,15 @@ class TermStats:
 
     def idf(self, term: str) -> float:
         return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+
+    def bm25(self, query: str, text: str) -> float:
+        """Lucene BM25 of `text` as one document of this corpus (its statistics), as the index scores."""
+        k1, b = self.analyzer.config.k1, self.analyzer.config.b
+        avgdl = max(sum(map(len, self.doc_terms)) / self.n, 1e-9)
+        terms = Counter(self.analyzer.terms([text])[0])
+        length = sum(terms.values())
+        return float(sum(times * self.idf(t) * terms[t] / (terms[t] + k1 * (1 - b + b * length / avgdl))
+                         for t, times in Counter(self.analyzer.terms([query])[0]).items() if t in terms))
 
 
 def title_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
@@ -92,6 +105,15 @@ def terms_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -
     return " ".join(out) or None
 
 
+def ict_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> PseudoQuery | None:
+    found = sentences(doc.text)
+    if len(found) < 2:  # the rest must still say something
+        return None
+    picked = rng.choice(found)
+    rest = " ".join(s for s in _SENTENCE_RE.split(doc.text) if s.strip() != picked)
+    return PseudoQuery(picked, row, f"{doc.title} {rest}".strip())
+
+
 def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
     choices = [sentence_query, span_query, terms_query] + ([title_query] if doc.title.strip() else [])
     rng.shuffle(choices)
@@ -102,7 +124,7 @@ def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> 
 
 
 _MAKERS: dict[str, Callable] = {"title": title_query, "sentence": sentence_query, "span": span_query,
-                                "terms": terms_query, "mix": mix_query}
+                                "terms": terms_query, "mix": mix_query, "ict": ict_query}
 
 
 def generate(generator: str, docs: Sequence[Document], rows: Sequence[int], stats: TermStats, per_doc: int = 1,
@@ -113,20 +135,23 @@ def generate(generator: str, docs: Sequence[Document], rows: Sequence[int], stat
     make, rng = _MAKERS[generator], random.Random(seed)
     out = []
     for row in rows:
-        texts = {text for _ in range(per_doc) if (text := make(docs[row], rng, stats, row))}
-        out += [PseudoQuery(text, row) for text in sorted(texts)]
+        made = [make(docs[row], rng, stats, row) for _ in range(per_doc)]
+        made = [m if isinstance(m, PseudoQuery) else PseudoQuery(m, row) for m in made if m]
+        out += list({m.text: m for m in made}.values())
     return out
 
 
-def query_stats(queries: Sequence[str], sources: Sequence[Sequence[int]], stats: TermStats) -> dict:
+def query_stats(queries: Sequence[str], sources: Sequence[Sequence[int]], stats: TermStats,
+                rests: Sequence[str | None] | None = None) -> dict:
     """Mean and median length (words) of the queries, and the mean share of each query's analyzer terms that occur
-    in its source document(s)."""
+    in its source document(s) (in `rests[i]` where given: the source as training sees it)."""
     lengths = np.array([len(q.split()) for q in queries], dtype=np.float64)
     overlaps = []
-    for query, rows in zip(queries, sources):
+    for i, (query, rows) in enumerate(zip(queries, sources)):
         terms = set(stats.analyzer.terms([query])[0])
         if terms:
-            doc_terms = set().union(*(stats.doc_terms[r] for r in rows))
+            rest = rests[i] if rests is not None else None
+            doc_terms = set(stats.analyzer.terms([rest])[0]) if rest else set().union(*(stats.doc_terms[r] for r in rows))
             overlaps.append(len(terms & doc_terms) / len(terms))
     return {"queries": len(queries), "words_mean": round(float(lengths.mean()), 2) if len(lengths) else 0.0,
             "words_median": float(np.median(lengths)) if len(lengths) else 0.0,
