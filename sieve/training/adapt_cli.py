@@ -38,12 +38,16 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--layers", type=int, default=d.n_layers, help="CMC attention layers")
     p.add_argument("--batch", type=int, default=d.batch_queries, help="pseudo-queries per step")
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr", type=float, default=d.lr, help="attention layers and evidence embedding")
+    p.add_argument("--evidence-lr", type=float, default=d.evidence_lr,
+                   help="the fusion weights it starts from (0: kept as shipped, only the attention learns)")
     p.add_argument("--start", choices=STARTS, default=d.start, help="fusion: the shipped default's weights; first-stage: ranks as hybrid")
     p.add_argument("--retrieve-k", type=int, default=d.k, help="candidates per list (the served retrieve_k)")
     p.add_argument("--train-k", type=int, default=d.train_k, help="candidates per list in training (top of the list)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--fresh", action="store_true", help="discard an interrupted run's work and start again")
+    p.add_argument("--keep-lists", action="store_true",
+                   help="keep the mined lists after publishing: another run with other training settings reuses them")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_adapt)
 
@@ -56,7 +60,7 @@ def config_of(args) -> "AdaptConfig":
     from sieve.training.adapt import AdaptConfig
 
     return AdaptConfig(generator=args.generator, per_doc=args.per_doc, max_queries=args.max_queries, k=args.retrieve_k, train_k=args.train_k,
-                       n_layers=args.layers, steps=args.steps, batch_queries=args.batch, lr=args.lr, start=args.start,
+                       n_layers=args.layers, steps=args.steps, batch_queries=args.batch, lr=args.lr, evidence_lr=args.evidence_lr, start=args.start,
                        seed=args.seed)
 
 
@@ -110,8 +114,9 @@ def adapt(args, settings) -> int:
     rows = np.arange(index.size)
     docs, ids = index.documents(rows), index.ids(rows)
     work = adapted_dir(settings.index_dir) / ".work"
+    mining = ("generator", "per_doc", "max_queries", "heldout", "heldout_max", "k", "seed")
     plan = {"corpus": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "version": index.version,
-            "config": {k: v for k, v in asdict(cfg).items() if k not in ("steps",)}}
+            "mining": {k: getattr(cfg, k) for k in mining}}  # training settings have their own state below
     if args.fresh or not (work / "plan.json").is_file() or json.loads((work / "plan.json").read_text()) != plan:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
@@ -143,8 +148,11 @@ def adapt(args, settings) -> int:
         return 2
     vectors = torch.from_numpy(index.embeddings(rows))
     fusion = load_cmc(checkpoints.CMC, biencoder).model.cpu()
-    model, record = train(cfg, train_lists, held_lists, vectors, torch.device("cpu"), fusion, work, deadline, log,
-                          not args.no_progress)
+    training = {k: v for k, v in asdict(cfg).items() if k not in plan["mining"] and k != "steps"}
+    state_dir = work / f"train-{hashlib.sha256(json.dumps(training, sort_keys=True).encode()).hexdigest()[:12]}"
+    state_dir.mkdir(exist_ok=True)
+    model, record = train(cfg, train_lists, held_lists, vectors, torch.device("cpu"), fusion, state_dir, deadline,
+                          log, not args.no_progress)
     seen = train_lists.select(np.arange(min(len(train_lists), len(held_lists))))
     metrics = {name: {"first_stage": evaluate(None, part, vectors, "cpu"),
                       "shipped_default": evaluate(fusion, part, vectors, "cpu"),
@@ -165,7 +173,8 @@ def adapt(args, settings) -> int:
         (work / "report.json").write_text(json.dumps({**summary, "not_installed": refused}, indent=2))
         return EXIT_NOT_INSTALLED
     path = install(settings.index_dir, model, biencoder, ids, summary, cfg)
-    shutil.rmtree(work, ignore_errors=True)
+    for done in ([work] if not args.keep_lists else list(work.glob("train-*"))):
+        shutil.rmtree(done, ignore_errors=True)
     print(json.dumps({"installed": str(path), "heldout_mrr@10": held_m, "wall_s": summary["wall_s"]}, indent=2))
     return 0
 

@@ -99,15 +99,16 @@ def test_resumes_after_sigkill(index, capsys):
     env = {**os.environ, "SIEVE_TORCH_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "adapt", "--index", str(index), "--steps", "150",
                              "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = adapted_dir(index) / ".work" / "train.json"
+    work = adapted_dir(index) / ".work"
     try:
         deadline = time.monotonic() + 540
-        while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        while not list(work.glob("train-*/train.json")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert state.is_file(), "the first evaluation was never saved"
+        assert list(work.glob("train-*/train.json")), "the first evaluation was never saved"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
+    state = next(work.glob("train-*/train.json"))
     saved = json.loads(state.read_text())["step"]
     assert 0 < saved < 150
     mined = sorted((adapted_dir(index) / ".work").glob("mined-*.safetensors"))
