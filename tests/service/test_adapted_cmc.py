@@ -18,7 +18,7 @@ from sieve.service.components import Components
 from sieve.service.config import Settings
 from sieve.stages.cmc import load_first
 from tests.server import Server
-from tests.service.adapted_helpers import publish_adapted
+from tests.service.adapted_helpers import NAME, publish_adapted
 
 QUERY = {"query": "how do volcanoes erupt", "top_k": 5, "rerank": "cmc"}
 
@@ -41,7 +41,7 @@ def test_load_order_is_setting_then_adapted_then_shipped(index_copy, biencoder):
     assert Settings(index_dir=index_copy, cmc_path="untrained").cmc_choices(index_copy) == [("setting", None)]
     with SearchIndex.load(index_copy) as index:
         served = load_first(settings.cmc_choices(index_copy), biencoder, index)
-        assert (served.path, served.name) == (adapted, "adapted-test-1")
+        assert (served.path, served.name) == (adapted, NAME)
         assert load_first(explicit.cmc_choices(index_copy), biencoder, index).path == checkpoints.ROOT / "cmc"
 
 
@@ -68,7 +68,7 @@ def test_the_fingerprint_differs_between_two_adapted_versions(index_copy, bienco
             finally:
                 searcher.close()
 
-        assert of(first) != of(second)
+        assert of(first) != of(second)  # one name, other weights
         assert of(first) == of(first)  # stable: replicas with the same adapted CMC share cached results
 
 
@@ -88,7 +88,7 @@ def test_readyz_coverage_and_a_live_swap_to_a_newly_published_adapted_cmc(index_
     try:
         with server.client() as client:
             cmc = ready_cmc(client)
-            assert (cmc["name"], cmc["source"], cmc["path"]) == ("adapted-test-5", "adapted", str(first))
+            assert (cmc["name"], cmc["source"], cmc["path"]) == (NAME, "adapted", str(first))
             assert cmc["adapted"] == {"version": first.name, "documents": len(half), "live_documents": len(ids),
                                       "covered": len(half), "coverage": len(half) / len(ids),
                                       "created": "2026-11-25T09:05:00Z"}
@@ -103,7 +103,7 @@ def test_readyz_coverage_and_a_live_swap_to_a_newly_published_adapted_cmc(index_
             reloaded = client.post("/admin/index/reload").json()
             assert reloaded["cmc_changed"] and not reloaded["changed"]
             cmc = ready_cmc(client)
-            assert (cmc["name"], cmc["path"], cmc["adapted"]["version"]) == ("adapted-test-6", str(second), second.name)
+            assert (cmc["name"], cmc["path"], cmc["adapted"]["version"]) == (NAME, str(second), second.name)
             assert cmc["adapted"]["covered"] == len(ids) and cmc["adapted"]["live_documents"] == len(ids) + 1
             new = client.post("/search", json=QUERY).json()
             assert not new["cached"], "a result of the old CMC was served from the cache"
@@ -112,7 +112,7 @@ def test_readyz_coverage_and_a_live_swap_to_a_newly_published_adapted_cmc(index_
             assert scores(new) == scores(fresh)  # the new model's answer
             assert not client.post("/admin/index/reload").json()["cmc_changed"]  # nothing new: no second swap
             metrics = client.get("/metrics").text
-            assert f'sieve_cmc_info{{name="adapted-test-6",source="adapted",version="{second.name}"}} 1.0' in metrics
+            assert f'sieve_cmc_info{{name="{NAME}",source="adapted",version="{second.name}"}} 1.0' in metrics
             assert f"sieve_cmc_adapted_coverage {len(ids) / (len(ids) + 1)}" in metrics
     finally:
         server.stop()
