@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
-    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version, checked this often; 0 = only on POST /admin/index/reload.")
+    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version (and swap in an adapted CMC that `sieve adapt` published, when SIEVE_CMC_PATH is unset), checked this often; 0 = only on POST /admin/index/reload.")
     ann_min_rows: int = Field(50_000, ge=1, description="`sieve index build --faiss auto` (the default): an index segment of at least this many rows gets an IVF index (approximate, recall measured in docs/index.md), smaller ones are searched exactly.")
     index_merge: bool = Field(True, description="Merge index segments in the background after writes (SIEVE_INDEX_MAX_SEGMENTS, SIEVE_INDEX_COMPACT_DELETED_FRACTION); false = only `sieve index compact`.")
     index_max_segments: int = Field(10, ge=1, description="More segments than this after a write: merge the SIEVE_INDEX_MERGE_WIDTH adjacent segments holding the fewest rows.")
