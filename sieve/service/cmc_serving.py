@@ -57,10 +57,11 @@ class ServedCMC:
     def __init__(self, settings, components, on_swap: Callable[[], None] = lambda: None):
         self.settings, self.components, self.on_swap = settings, components, on_swap
         self.lock = threading.Lock()  # coverage cache
-        self.adapted = self.read_adapted(components.searcher.cmc)
-        served = components.searcher.cmc.path if self.adapted else None
+        bundle = components.searcher.cmc
+        self.served = (bundle, self.read_adapted(bundle))  # replaced as one: /readyz never mixes two CMCs
         # CURRENT as last seen: what start-up served, or the adapted CMC it passed over
-        self.watched = (served or current_adapted(settings.index_dir)) if self.watching else None
+        self.watched = ((bundle.path if self.served[1] else None) or current_adapted(settings.index_dir)
+                        if self.watching else None)
         self.coverage_key: tuple | None = None
         self.coverage_value: dict | None = None
 
@@ -76,10 +77,9 @@ class ServedCMC:
     # -- /readyz and /metrics -----------------------------------------------------------------------------------
     def status(self, index) -> dict | None:
         """/readyz `cmc` (schemas.CMCStatus) for the live index version."""
-        bundle = self.components.searcher.cmc
+        bundle, adapted = self.served
         if bundle is None:
             return None
-        adapted = self.adapted
         return {"name": bundle.name, "source": source_of(bundle, self.settings),
                 "path": str(bundle.path) if bundle.path is not None else None,
                 "adapted": None if adapted is None else self.coverage(adapted, index)}
@@ -99,15 +99,15 @@ class ServedCMC:
 
     def info(self) -> dict[str, str]:
         """The info metric sieve_cmc_info: name, source and adapted version of the served CMC."""
-        bundle = self.components.searcher.cmc
+        bundle, adapted = self.served
         if bundle is None:
             return {"name": "", "source": "none", "version": ""}
         return {"name": bundle.name, "source": source_of(bundle, self.settings),
-                "version": self.adapted.version if self.adapted else ""}
+                "version": adapted.version if adapted else ""}
 
     def coverage_fraction(self) -> float:
         """The gauge sieve_cmc_adapted_coverage: 0 when the served CMC is not an adapted one."""
-        adapted = self.adapted
+        adapted = self.served[1]
         return self.coverage(adapted, self.components.searcher.index)["coverage"] if adapted else 0.0
 
     # -- the swap (index writer thread) -------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class ServedCMC:
         kept = {k: v for k, v in self.components.precision.items() if k not in ("cmc", "cmc_query")}
         self.components.precision = kept | self.lower(fresh)  # a new dict: /readyz may be reading the old one
         searcher.replace_model("cmc", fresh)
-        self.adapted = self.read_adapted(fresh)
+        self.served = (fresh, self.read_adapted(fresh))
         self.on_swap()  # after the model: no result of the old model is stored under the new fingerprint
         log.info("CMC %s (%s, %s) -> %s (%s, %s)", old.name if old else None, old and source_of(old, self.settings),
                  old and old.path, fresh.name, source_of(fresh, self.settings), fresh.path)
