@@ -132,3 +132,15 @@ def test_the_poll_swaps_in_a_new_adapted_cmc_and_a_setting_is_never_replaced(ind
         assert (cmc["source"], cmc["adapted"]["coverage"]) == ("adapted", 1.0)
         assert not pinned_client.post("/admin/index/reload").json()["cmc_changed"]
         assert ready_cmc(pinned_client)["source"] == "setting"
+
+
+def test_sieve_eval_over_an_adapted_index_evaluates_its_adapted_cmc(index_copy, biencoder):
+    from sieve.evaluation.local import load_local
+    from tests.conftest import DEMO_CORPUS
+
+    adapted = publish_adapted(index_copy, biencoder, live_ids(index_copy), seed=8)
+    components = load_local(Settings(), "demo", DEMO_CORPUS, index_dir=index_copy)
+    try:
+        assert components.searcher.cmc.path == adapted
+    finally:
+        components.close()
