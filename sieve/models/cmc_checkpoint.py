@@ -4,6 +4,7 @@ is ever unpickled.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ class CMCBundle:
     candidate_tower: TextEncoder | None  # None in shared mode: candidates are the bi-encoder's vectors
     name: str
     base_model_hash: str  # the bi-encoder whose document vectors (shared) / initial weights the towers came from
+    path: Path | None = None  # the checkpoint directory it was loaded from (None: built in memory)
+    weights_hash: str = ""  # sha256 of the checkpoint's cmc.safetensors: two checkpoints of one name differ by it
 
 
 def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0,
@@ -81,7 +84,8 @@ def load_cmc(path: str | Path, biencoder: TextEncoder) -> CMCBundle:
             "shared mode scores the bi-encoder's own document vectors (and frozen towers are the bi-encoder itself), "
             "so both must match")
     model = CMC(cfg)
-    state = {k: v.float() for k, v in load_file(str(path / "cmc.safetensors")).items()}
+    weights = path / "cmc.safetensors"
+    state = {k: v.float() for k, v in load_file(str(weights)).items()}
     model.load_state_dict(state)
     model.to(biencoder.device).eval()
 
@@ -93,4 +97,5 @@ def load_cmc(path: str | Path, biencoder: TextEncoder) -> CMCBundle:
                                            batch_size=biencoder.batch_size)
 
     candidate = tower("candidate_tower") if cfg.mode == "separate" else None
-    return CMCBundle(cfg, model, tower("query_tower"), candidate, config["name"], config["base_model_hash"])
+    return CMCBundle(cfg, model, tower("query_tower"), candidate, config["name"], config["base_model_hash"],
+                     path=path, weights_hash=hashlib.sha256(weights.read_bytes()).hexdigest())

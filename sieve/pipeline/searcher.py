@@ -95,7 +95,7 @@ class Searcher:
         models = dict(models or {})
         models.update({name: model for name, model in (("cmc", cmc), ("ce", cross_encoder)) if model is not None})
         # the batch workers and the request threads share tokenizers: each gets a lock (models are shallow copies)
-        locks = TokenizerLocks()
+        locks = self.locks = TokenizerLocks()
         self.biencoder = locks.locked(biencoder)
         self.models = {name: locks.locked(model) for name, model in models.items() if model is not None}
         self.index = index
@@ -124,6 +124,12 @@ class Searcher:
         """The remote cross-encoder the "ce" stage calls (SIEVE_CE_URL), else None."""
         model = self.models.get("ce")
         return model if isinstance(model, RemoteCrossEncoder) else None
+
+    def replace_model(self, name: str, model) -> None:
+        """Serve `model` as stage `name` from the next request on (a live swap, e.g. a newly adapted CMC): one
+        reference assignment of a new dict, so a request that already took the old model (check_params) finishes
+        with it, and the new model's batch runner is its own (runner keys hold the model's id)."""
+        self.models = {**self.models, name: self.locks.locked(model)}
 
     def close(self) -> None:
         self.runners.close()

@@ -62,6 +62,7 @@ class TokenizerLocks:
         else:
             clone = model
         self.copies[id(model)] = clone
+        self.copies.setdefault(id(clone), clone)  # locking a locked copy again (a model swapped in later) keeps it
         return clone
 
     @staticmethod

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from sieve.pipeline import registry
 from sieve.service import routes_documents
 from sieve.service.cache import Caches, digest
+from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
 from sieve.service.errors import install_error_handlers
@@ -85,15 +86,28 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
         if commit_s is not None:
             metrics.index_commit.observe(commit_s)
 
+    state.cmc = serve_cmc(state, settings, components)
     state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
                                  lambda: load_index(settings, searcher.biencoder, torch.device(components.device), searcher.cmc),
-                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s, settings.merge_policy())
+                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s, settings.merge_policy(),
+                                 on_check=state.cmc.check)
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)
     log.info("api keys: %s; rate limit: %s; cache: %s", "on" if state.auth.enabled else "off",
              f"{settings.rate_limit_per_s}/s burst {settings.rate_limit_burst}" if settings.rate_limit_per_s else "off",
              ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
+
+
+def serve_cmc(state, settings: Settings, components: Components) -> ServedCMC:
+    """The served CMC's record; a newly adapted CMC swapped in changes the cache fingerprint and the info metric."""
+    def on_swap():
+        state.caches.fingerprint = fingerprint(components, settings)
+        state.metrics.cmc.info(served.info())
+
+    served = ServedCMC(settings, components, on_swap)
+    state.metrics.watch_cmc(served)
+    return served
 
 
 def document_optional_auth(app: FastAPI) -> None:

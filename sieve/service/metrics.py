@@ -2,7 +2,7 @@
 deploy/grafana/dashboards/sieve.json and deploy/prometheus/alerts.yml read these names."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CANDIDATE_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
@@ -45,6 +45,10 @@ class Metrics:
                                          registry=r)
         self.remote_ce_open = Gauge("sieve_remote_ce_breaker_open", "1 while the remote cross-encoder's circuit breaker "
                                     "is open or half-open, 0 when closed.", registry=r)
+        self.cmc = Info("sieve_cmc", "The served CMC: name, source (setting, adapted, shipped, untrained) and "
+                        "adapted version.", registry=r)
+        self.cmc_coverage = Gauge("sieve_cmc_adapted_coverage", "Share of the live index's documents the served "
+                                  "adapted CMC was adapted on (0 when the CMC is not an adapted one).", registry=r)
         for reason in ("unauthorized", "rate_limited", "overloaded", "too_large"):
             self.rejected.labels(reason=reason)  # exported at 0 from the start, so rate() has a series
 
@@ -63,6 +67,11 @@ class Metrics:
         remote.on_retry = self.remote_ce_retries.inc
         self.remote_ce_calls.labels(outcome="ok")  # exported at 0 from the start
         self.remote_ce_open.set_function(lambda: float(remote.breaker.state != "closed"))
+
+    def watch_cmc(self, served) -> None:
+        """The served CMC (service/cmc_serving.py): its info now and after each swap, its coverage at scrape time."""
+        self.cmc.info(served.info())
+        self.cmc_coverage.set_function(served.coverage_fraction)
 
     def set_index(self, index) -> None:
         self.index_size.set(index.size)

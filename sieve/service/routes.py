@@ -185,12 +185,13 @@ def healthz():
 
 
 @router.get("/readyz", response_model=schemas.Ready, tags=["health"])
-def readyz(components: ComponentsDep, settings: SettingsDep):
-    """Ready: models and index are loaded."""
+def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
+    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
-                         remote_cross_encoder=remote.status() if remote else None, precision=components.precision)
+                         remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
+                         cmc=request.app.state.cmc.status(index))
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

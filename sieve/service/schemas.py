@@ -233,6 +233,8 @@ class ReloadResponse(Reply):
     previous_version: int = Field(..., description="Version served before the reload.")
     index_size: int = Field(..., description="Documents in the served version.")
     changed: bool = Field(..., description="Whether a newer version was found and swapped in.")
+    cmc_changed: bool = Field(False, description="Whether a newly published adapted CMC (`sieve adapt`) was found "
+                                                 "and swapped in (only without SIEVE_CMC_PATH).")
 
 
 # -- health -------------------------------------------------------------------------------------------------
@@ -258,6 +260,22 @@ class StagePrecision(Reply):
     runtime: Literal["torch", "openvino"] = Field("torch", description="What runs the stage: torch, or OpenVINO (the cross-encoder with SIEVE_CE_RUNTIME auto on a CPU with native bf16, or openvino).")
 
 
+class AdaptedCMCStatus(Reply):
+    version: str = Field(..., description="The adapted CMC's directory under SIEVE_INDEX_DIR/adapted/ (what CURRENT names).")
+    documents: int = Field(..., description="Documents it was adapted on (its documents.txt).")
+    live_documents: int = Field(..., description="Documents in the live index version.")
+    covered: int = Field(..., description="Live documents it was adapted on.")
+    coverage: float = Field(..., description="covered / live_documents: drops as documents are added after `sieve adapt` (run it again when low).")
+    created: str | None = Field(None, description="When it was made (ISO time, from its config.json).")
+
+
+class CMCStatus(Reply):
+    name: str = Field(..., description="The served CMC checkpoint's name.")
+    source: Literal["setting", "adapted", "shipped", "untrained"] = Field(..., description="Where it came from: setting (SIEVE_CMC_PATH), adapted (the index's own, `sieve adapt`), shipped (the default in the package), untrained (the identity CMC: no checkpoint fits the bi-encoder).")
+    path: str | None = Field(None, description="Its checkpoint directory (null for the untrained CMC).")
+    adapted: AdaptedCMCStatus | None = Field(None, description="For an adapted CMC: which one and how much of the live index it saw.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -272,3 +290,4 @@ class Ready(Reply):
         None, description="The remote cross-encoder and its circuit breaker, when SIEVE_CE_URL is set; the server "
                           "stays ready while it is down (answers are then partial, skipping ce).")
     precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
+    cmc: CMCStatus | None = Field(None, description="The served CMC and where it came from (null when the CMC stage is off).")

@@ -45,8 +45,11 @@ class Conflict(HTTPException):
 
 class IndexUpdater:
     def __init__(self, searcher, index_dir, encoders: dict, load_index, wait_ms: float, on_swap=None,
-                 poll_s: float = 0, merge_policy: MergePolicy | None = MergePolicy()):
+                 poll_s: float = 0, merge_policy: MergePolicy | None = MergePolicy(), on_check=None):
+        """on_check() -> bool: called in this thread on every poll and reload, for what lives beside the index
+        versions (the adapted CMC, service/cmc_serving.py); True = it changed what is served."""
         self.searcher, self.index_dir, self.encoders = searcher, index_dir, encoders
+        self.on_check = on_check
         self.load_index, self.wait_s, self.on_swap = load_index, wait_ms / 1000, on_swap
         self.poll_s = poll_s or None  # None: block until a write or reload arrives
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -98,6 +101,7 @@ class IndexUpdater:
             try:
                 first = self.queue.get(timeout=self.poll_s)
             except queue.Empty:  # nothing to write: has another writer (CLI, replica) published a version?
+                self.check_beside()
                 first = Write(reload=True) if self.newer_on_disk() else None
                 if first is None:
                     continue
@@ -132,11 +136,13 @@ class IndexUpdater:
         done = self.commit([w for w in group if not w.reload])
         if any(w.reload for w in group) and self.newer_on_disk():  # published while this group committed
             self.swap(None)
+        cmc_changed = self.check_beside() if any(w.reload for w in group) else False
         index = self.searcher.index
         for write in group:
             if write.reload:
                 write.future.set_result({"index_version": index.version, "previous_version": before,
-                                         "index_size": index.size, "changed": index.version != before})
+                                         "index_size": index.size, "changed": index.version != before,
+                                         "cmc_changed": cmc_changed})
             elif write in done:
                 write.future.set_result({"index_version": index.version, "index_size": index.size,
                                          "upserted": len(write.upserts),
@@ -191,6 +197,15 @@ class IndexUpdater:
                     done.discard(w)
             return self.net_effect([w for w in writes if w in done]) if done else ({}, set(), set())
         return upserts, deletes, done
+
+    def check_beside(self) -> bool:
+        if self.on_check is None:
+            return False
+        try:
+            return bool(self.on_check())
+        except Exception:  # noqa: BLE001 - what is served stays as it was; the next poll or reload tries again
+            log.exception("checking %s for a new adapted CMC failed", self.index_dir)
+            return False
 
     def newer_on_disk(self) -> bool:
         try:

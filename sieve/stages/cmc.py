@@ -17,28 +17,36 @@ log = logging.getLogger("sieve")
 
 
 def load(ctx: LoadContext) -> CMCBundle | None:
-    """The configured CMC checkpoint, else the shipped default, else (or with SIEVE_CMC_PATH=untrained) the identity
-    CMC. The shipped default was trained on the packaged bi-encoder's vectors: with another bi-encoder it does not
-    apply, and the untrained CMC is served instead (said in the log); an explicitly configured one must fit."""
+    """The CMC in the load order of Settings.cmc_choices: SIEVE_CMC_PATH when set (it must fit), else the index's
+    adapted CMC (`sieve adapt`), else the shipped default, else the identity CMC. The shipped default was trained on
+    the packaged bi-encoder's vectors and an adapted one on the index's bi-encoder: one that does not fit the
+    configured bi-encoder is passed over (said in the log)."""
     settings = ctx.settings
     if not settings.cmc_enabled:
         return None
-    path = settings.resolved_cmc_path()
-    if path is None:
-        # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
-        return untrained_cmc(ctx.biencoder, share_query_tower=True)
-    try:
-        cmc = load_cmc(path, ctx.biencoder)
-    except ValueError as exc:
-        if settings.cmc_path is not None:
-            raise
-        log.warning("the shipped CMC does not fit the configured bi-encoder (%s); serving the untrained CMC", exc)
-        return untrained_cmc(ctx.biencoder, share_query_tower=True)
-    if cmc.config.mode == "separate" and not ctx.index.has_store("cmc"):
-        raise ValueError(f"CMC checkpoint {path} is in separate mode but the index at {settings.index_dir} has no "
-                         "'cmc' embedding store; build it with `sieve index build ... --cmc-checkpoint` or "
-                         "`sieve index add-store`")
-    return cmc
+    return load_first(settings.cmc_choices(settings.index_dir), ctx.biencoder, ctx.index)
+
+
+def load_first(choices: list, biencoder, index) -> CMCBundle:
+    """The first of (source, path) that loads and fits; a "setting" that does not fit (or is unreadable) raises."""
+    for source, path in choices:
+        if path is None:
+            # an untrained query tower equals the bi-encoder: share it, and the searcher encodes the query once
+            return untrained_cmc(biencoder, share_query_tower=True)
+        try:
+            cmc = load_cmc(path, biencoder)
+            if cmc.config.mode == "separate" and not index.has_store("cmc"):
+                raise ValueError(f"CMC checkpoint {path} is in separate mode but the index has no 'cmc' "
+                                 "embedding store; build it with `sieve index build ... --cmc-checkpoint` "
+                                 "or `sieve index add-store`")
+        except Exception as exc:  # noqa: BLE001 - only an explicitly configured checkpoint may stop the start-up
+            if source == "setting":
+                raise
+            log.warning("the %s CMC %s does not fit the configured bi-encoder or cannot be read (%s); passing it "
+                        "over", source, path, exc)
+            continue
+        return cmc
+    return untrained_cmc(biencoder, share_query_tower=True)
 
 
 def rerank(ctx: RerankContext) -> list | None:
@@ -58,7 +66,7 @@ def rerank(ctx: RerankContext) -> list | None:
 
 
 def identity(bundle: CMCBundle) -> list:
-    return [model_identity(bundle.query_tower), bundle.name, bundle.base_model_hash]
+    return [model_identity(bundle.query_tower), bundle.name, bundle.base_model_hash, bundle.weights_hash]
 
 
 def index_store(bundle: CMCBundle):
