@@ -175,7 +175,10 @@ def adapt(args, settings) -> int:
     path = install(settings.index_dir, model, biencoder, ids, summary, cfg)
     for done in ([work] if not args.keep_lists else list(work.glob("train-*"))):
         shutil.rmtree(done, ignore_errors=True)
-    print(json.dumps({"installed": str(path), "heldout_mrr@10": held_m, "wall_s": summary["wall_s"]}, indent=2))
+    print(json.dumps({"installed": str(path), "heldout_mrr@10": held_m, "wall_s": summary["wall_s"],
+                      "serving": "a server on this index swaps it in on POST /admin/index/reload or its next "
+                                 "SIEVE_INDEX_POLL_S poll; a server started later loads it (unless SIEVE_CMC_PATH is set)"},
+                     indent=2))
     return 0
 
 
