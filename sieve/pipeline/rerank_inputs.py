@@ -1,7 +1,6 @@
 """/rerank inputs: texts, indexed ids or both, turned into a candidate list with vectors for CMC."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,7 +10,7 @@ from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.errors import TooMuchWork
-from sieve.pipeline.state import QueryState
+from sieve.pipeline.state import QueryState, expired
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def encode_within(tower: TextEncoder, texts: list[str], deadline: float | None) 
     order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.empty((len(texts), tower.dim), dtype=np.float32)
     for start in range(0, len(texts), tower.batch_size):
-        if start and deadline is not None and time.monotonic() >= deadline:
+        if start and expired(deadline):
             return None
         idx = order[start:start + tower.batch_size]
         out[idx] = tower.encode_documents([texts[i] for i in idx], progress=False)
