@@ -3,6 +3,7 @@ Starts its own server (shipped models, the demo corpus) from the source tree `--
 at another checkout to measure "before"), all traffic to 127.0.0.1, every loop bounded in count and time. Cases:
   big_rerank / big_v2_rerank: 1,000 documents of 5,000 characters (time, status, partial);
   pair_next_to_search: /search p50/p99 alone, then next to two big /rerank at once;
+  pair_at_cap_next_to_search: the same next to two /rerank at the default SIEVE_RERANK_MAX_TOKENS (64 x 256 tokens);
   seven_mb: /rerank with one 7 MB document and timeout_ms 2000;
   header_100kb: a /search with 100 KB of headers;
   hangups: 50 clients that send half a /search body and close; the 500s and client_closed counted after;
@@ -33,7 +34,9 @@ from tests.server import REPO, Server  # noqa: E402
 
 BIG = {"query": "what causes inflammation", "documents": [f"document {i} " + "lorem ipsum dolor sit amet " * 185
                                                           for i in range(1000)]}
-CASES = ("big_rerank", "big_v2_rerank", "pair_next_to_search", "seven_mb", "header_100kb", "hangups", "abandoned",
+AT_CAP = {"query": "what causes inflammation", "documents": [f"document {i} " + "lorem ipsum dolor sit amet " * 40
+                                                             for i in range(64)]}  # 64 x 256 tokens = the default cap
+CASES = ("big_rerank", "big_v2_rerank", "pair_next_to_search", "pair_at_cap_next_to_search", "seven_mb", "header_100kb", "hangups", "abandoned",
          "shutdown")
 
 
@@ -64,11 +67,11 @@ def p(values: list[float], q: float) -> float | None:
     return round(sorted(values)[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))], 1) if values else None
 
 
-def pair_next_to_search(server: Server) -> dict:
+def pair_next_to_search(server: Server, body: dict = BIG) -> dict:
     with server.client(timeout=300) as client:
         alone = search_latencies(client, 40)
         results, stop = [], threading.Event()
-        threads = [threading.Thread(target=lambda: results.append(timed_post(server.client(timeout=300), "/rerank", BIG)))
+        threads = [threading.Thread(target=lambda: results.append(timed_post(server.client(timeout=300), "/rerank", body)))
                    for _ in range(2)]
         for t in threads:
             t.start()
@@ -83,6 +86,11 @@ def pair_next_to_search(server: Server) -> dict:
             "search_during": {"n": len(during), "p50_ms": p(during, 50), "p99_ms": p(during, 99),
                               "max_ms": round(max(during), 1) if during else None},
             "reranks": results}
+
+
+def pair_at_cap_next_to_search(server: Server) -> dict:
+    """Two of the largest /rerank the default cap admits (64 x 256 tokens) next to /search."""
+    return pair_next_to_search(server, AT_CAP)
 
 
 def header_100kb(server: Server) -> dict:

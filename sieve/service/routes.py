@@ -116,6 +116,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
                           use_cache=not fresh, cancelled=hang_up(request))
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "cross_encoder": use_ce, "retriever": retriever,
+                                                            "retrieve_k": params.retrieve_k,
                                                             "rerank": rerank,
                                                             "server": caches.fingerprint}
     hit = None
