@@ -208,7 +208,8 @@ class Searcher:
     def spec(self, name: str, role: str, field: str, extra: tuple[str, ...] = ()) -> StageSpec:
         spec = registry.get(name)
         if spec is None or spec.role != role:
-            allowed = " | ".join([*self.runnable(role), *extra])
+            names = [*self.runnable(role), *extra] or [f"{' | '.join(registry.names(role))} (none loaded on this server)"]
+            allowed = " | ".join(names)
             raise RequestError(f"{field} {name!r} is not supported", field=field, allowed=allowed)
         return spec
 
