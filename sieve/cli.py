@@ -185,10 +185,24 @@ def cmd_compact(args, settings: Settings) -> None:
                       "segments": len(manifest.segments)}))
 
 
+def check_port(settings: Settings) -> None:
+    """Ends with one line naming the setting when the address is taken, before seconds of model loading."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            sock.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise SystemExit(f"sieve: cannot listen on {settings.host}:{settings.port} ({exc.strerror}); another "
+                             "process has it: choose another port with --port or SIEVE_PORT") from None
+
+
 def run_server(settings: Settings) -> None:
     """Loads models and index before uvicorn starts, so a bad index or model ends with one clear line."""
     import uvicorn
 
+    check_port(settings)
     from sieve.service.app import create_app
     from sieve.service.components import load_components
 
@@ -198,8 +212,11 @@ def run_server(settings: Settings) -> None:
 
     # h11, not httptools: only h11 bounds the size of request line + headers (httptools buffers any size); ours
     # also bounds the time they may take
+    # on SIGTERM, requests in flight finish within their deadline (partial answers); this bounds the wait anyway
+    grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes)
+                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes,
+                timeout_graceful_shutdown=grace_s)
 
 
 def cmd_settings(args, settings: Settings) -> None:
@@ -213,6 +230,7 @@ def cmd_demo(args, settings: Settings) -> None:
     """Builds the index only when it is missing or was built from another corpus or model, then serves it."""
     from sieve.index import IndexNotFoundError, IndexMismatchError, SearchIndex, build_index, corpus_hash, read_beir_corpus
 
+    check_port(settings)
     docs = read_beir_corpus(args.corpus)
     found = encoders(settings, None)["primary"]
     try:

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from sieve.models.ce_base import PairLengths, PairScorer  # noqa: F401 (PairScorer: imported from here too)
 from sieve.models.ce_heads import head_hash, load_head
+from sieve.models.clip import clip_all
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 
@@ -43,8 +44,9 @@ class CrossEncoder:
         if hasattr(self.scorer, "mark_texts"):  # a head that reads marker tokens (emb) adds them to the texts
             queries, documents = self.scorer.mark_texts(queries, documents)
         tok = self.tokenizer
+        queries, documents = clip_all(queries, self.lengths.query_max_length), clip_all(documents, self.lengths.max_length)
         q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
-        d_ids = tok(list(documents), add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
+        d_ids = tok(documents, add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
         if hasattr(self.scorer, "pair_inputs"):  # a head with its own pair layout (gated)
             batch = self.scorer.pair_inputs(tok, q_ids, d_ids, self.lengths.max_length)
         else:

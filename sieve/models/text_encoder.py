@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from sieve.models.biencoder import SentenceEncoder
+from sieve.models.clip import clip_all, clip_chars
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 
@@ -63,11 +64,12 @@ class TextEncoder:
     def max_length(self) -> int:
         return self.lengths.doc_max_length
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"])
+    def count_tokens(self, text: str, at_most: int = 4096) -> int:
+        """Tokens of `text`, counted over its first `at_most` tokens' worth of characters (models/clip.py)."""
+        return len(self.tokenizer(clip_chars(text, at_most), add_special_tokens=True, truncation=False)["input_ids"])
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        batch = self.tokenizer(clip_all(texts, max_length), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
 
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:

@@ -2,15 +2,12 @@
 under a token budget. Plain functions of arrays and tensors; the stages call them from their batched compute."""
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
 import torch
 
-
-def expired(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() > deadline
+from sieve.pipeline.state import expired  # noqa: F401 - the stages import it from here
 
 
 def chunks_under_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:

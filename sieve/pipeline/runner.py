@@ -4,12 +4,28 @@ candidates keep the previous stage's order and the state records the skip."""
 from __future__ import annotations
 
 import logging
-from concurrent.futures import TimeoutError as FutureTimeout
+import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 from sieve.pipeline.batching import Runners
 from sieve.pipeline.state import QueryState
 
 log = logging.getLogger("sieve.pipeline")
+POLL_S = 0.1  # how soon a waiter notices that its client hung up
+
+
+def wait(future: Future, budget: float | None, state: QueryState):
+    """The stage's result, or None once the budget is spent or the client has gone; the future is then cancelled
+    (dropped before its forward pass unless its batch already started; a running batch drops it at its next chunk)."""
+    end = None if budget is None else time.monotonic() + budget
+    while True:
+        step = POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic()))
+        try:
+            return future.result(timeout=step)
+        except FutureTimeout:
+            if state.cancelled or (end is not None and time.monotonic() >= end):
+                future.cancel()
+                return None
 
 
 def skip(stage, state: QueryState) -> QueryState:
@@ -30,11 +46,7 @@ def run_stage(stage, state: QueryState, runners: Runners, budgets_ms: dict[str, 
     with state.timed(stage.name):
         compute = getattr(stage, "compute_each", stage.compute)  # reply-as-done: answers each item as it finishes
         future = runners.get(stage.batch_key, compute).submit(stage.prepare(state))
-        try:
-            result = future.result(timeout=budget)
-        except FutureTimeout:
-            future.cancel()  # dropped unless its batch already started
-            result = None
+        result = wait(future, budget, state)
     if result is None:
         return skip(stage, state)
     state = stage.finish(state, result)

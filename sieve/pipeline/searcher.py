@@ -7,6 +7,8 @@ time budget runs out (pipeline/runner.py).
 """
 from __future__ import annotations
 
+import re
+import threading
 import time
 import unicodedata
 from dataclasses import dataclass, field, replace
@@ -28,7 +30,7 @@ from sieve.pipeline.registry import CROSS_ENCODER, RERANKER, RETRIEVER, BuildCon
 from sieve.pipeline.rerank_inputs import RerankItem, resolve_texts
 from sieve.pipeline.runner import run_stage
 from sieve.pipeline.stages import Stage
-from sieve.pipeline.state import QueryState
+from sieve.pipeline.state import Deadline, QueryState
 from sieve.pipeline.threadsafe import TokenizerLocks
 
 __all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "SearchOptions", "normalise_query"]
@@ -47,6 +49,7 @@ class SearchParams:
     # alone; "anncur": the cross-encoder retrieves (pipeline/anncur_stage.py), no bi-encoder
     ce_model: str = "ce"  # with cross_encoder: "ce" or "ce_late" (pipeline/rerankers.py)
     use_cache: bool = True  # False: compute the query vectors afresh (the service's Cache-Control: no-cache)
+    cancelled: threading.Event | None = None  # set when the client hangs up: the work stops as at a deadline
 
 
 @dataclass
@@ -139,14 +142,15 @@ class Searcher:
         return normalise_query(query)
 
     # -- query side -------------------------------------------------------------------------------------------
-    def new_state(self, query: str, timeout_ms: int | None = None) -> QueryState:
+    def new_state(self, query: str, timeout_ms: int | None = None,
+                  cancelled: threading.Event | None = None) -> QueryState:
         started = time.monotonic()
         query = normalise_query(query)
         if not query:
             raise RequestError("query is empty or only whitespace", field="query", allowed="a non-empty string")
         limit = self.biencoder.lengths.query_max_length
         state = QueryState(query, index=self.index)
-        state.deadline = started + timeout_ms / 1000 if timeout_ms else None
+        state.deadline = Deadline(started + timeout_ms / 1000 if timeout_ms else None, cancelled)
         n_tokens = self.biencoder.count_tokens(query)
         if n_tokens > limit:
             if self.query_overflow == "reject":
@@ -199,10 +203,19 @@ class Searcher:
         return replace(params, retriever=self.default_retriever(index if index is not None else self.index))
 
     # -- the registry -----------------------------------------------------------------------------------------
+    def runnable(self, role: str | None = None, index=None) -> list[str]:
+        """Stages of `role` (None: every stage that can rank texts for /rerank) this server can run on `index`: the
+        allowed values an error names, never a stage the operator has not loaded (as /readyz lists them)."""
+        index = index if index is not None else self.index
+        specs = registry.stages(role) if role else [s for s in registry.stages() if s.rerank is not None]
+        return [s.name for s in specs if not (s.optional and self.models.get(s.name) is None)
+                and not ("lexical" in s.needs and not getattr(index, "has_lexical", False))]
+
     def spec(self, name: str, role: str, field: str, extra: tuple[str, ...] = ()) -> StageSpec:
         spec = registry.get(name)
         if spec is None or spec.role != role:
-            allowed = " | ".join([*registry.names(role), *extra])
+            names = [*self.runnable(role), *extra] or [f"{' | '.join(registry.names(role))} (none loaded on this server)"]
+            allowed = " | ".join(names)
             raise RequestError(f"{field} {name!r} is not supported", field=field, allowed=allowed)
         return spec
 
@@ -211,8 +224,17 @@ class Searcher:
         model = self.models.get(spec.name)
         if spec.optional and model is None:
             raise StageUnavailable(f"{spec.name} is not configured on this server", field=field,
-                                   allowed=spec.unavailable or "another value")
+                                   allowed=self.instead(spec, field))
         return model
+
+    def instead(self, spec: StageSpec, field: str) -> str:
+        """What a request may name in place of a stage this server has not loaded, and what would load it."""
+        if field == "cross_encoder":
+            return spec.unavailable or "false"
+        how = re.search(r"\((.*)\)\s*$", spec.unavailable or "")
+        role = None if field == "model" else spec.role
+        names = [*self.runnable(role), *(["none"] if spec.role == RERANKER and field == "rerank" else [])]
+        return " | ".join(names) + (f" ({spec.name}: {how.group(1)})" if how else "")
 
     def serves_cross_encoder(self, retriever: str | None, ce_model: str) -> bool:
         """Whether a /search that leaves cross_encoder unset gets it: the retriever leaves the head to the
@@ -275,7 +297,7 @@ class Searcher:
 
     def search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
-        state = self.new_state(params.query, params.timeout_ms)
+        state = self.new_state(params.query, params.timeout_ms, params.cancelled)
         index = state.index
         params = self.resolve(params, index)
         checked = self.check_params(params, index)
@@ -293,17 +315,18 @@ class Searcher:
 
     # -- /rerank ----------------------------------------------------------------------------------------------
     def rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int,
-               timeout_ms: int | None = None, max_tokens: int | None = None) -> Outcome:
+               timeout_ms: int | None = None, max_tokens: int | None = None,
+               cancelled: threading.Event | None = None) -> Outcome:
         """Any stage whose spec can rank the caller's texts (`rerank`). Out of time, CMC falls back to <query,
         candidate> order and the cross-encoder to the caller's order; when time runs out while texts are still
         being encoded, to the caller's order too. `max_tokens`: the most the models may read (413 past it)."""
         started = time.perf_counter()
         spec = registry.get(model)
         if spec is None or spec.rerank is None:
-            allowed = " | ".join(s.name for s in registry.stages() if s.rerank is not None)
+            allowed = " | ".join(self.runnable())
             raise RequestError(f"model {model!r} is not supported", field="model", allowed=allowed)
         loaded = self.model(spec, "model")
-        state = self.new_state(query, timeout_ms)
+        state = self.new_state(query, timeout_ms, cancelled)
         index = state.index
         texts = resolve_texts(index, items)
         ctx = RerankContext(state, items, texts, index, loaded, self.biencoder, self.options, max_tokens,

@@ -9,7 +9,7 @@ from typing import Callable
 
 import anyio
 import torch
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from sieve.pipeline import registry
 from sieve.service import routes_documents
@@ -17,36 +17,66 @@ from sieve.service.cache import Caches, digest
 from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
+from sieve.service.docs_ui import serve_docs
 from sieve.service.errors import install_error_handlers
 from sieve.service.metrics import Metrics
-from sieve.service.protection import Authenticator, BodyLimit, InflightLimit, RateLimiter, scrub_access_log
+from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
+                                      scrub_access_log)
 from sieve.service.routes import router
 from sieve.service.runtime import load_index
 from sieve.service.updates import IndexUpdater
 from sieve.stages.common import model_identity
 
-DESCRIPTION = """Sieve: bi-encoder retrieval over FAISS, CMC reranking of the candidates in context of each other,
-and an optional cross-encoder. `POST /search` for applications, `POST /rerank` for candidate lists from elsewhere,
-`POST /documents` and `DELETE /documents/{id}` to change the live index."""
+DESCRIPTION = """Sieve: multi-stage retrieval. By default `POST /search` retrieves with a hybrid of the bi-encoder
+(FAISS) and BM25 fused by reciprocal rank, reranks the candidates with CMC (each scored in the context of the
+others), and can finish with a cross-encoder on the head (`cross_encoder: true`). `POST /rerank` (and Cohere's
+`POST /v2/rerank`) rank candidate lists from elsewhere; `POST /documents` and `DELETE /documents/{id}` change the
+live index. Every request has a deadline (`timeout_ms`, else SIEVE_DEFAULT_TIMEOUT_MS): out of time, later stages
+are skipped and the answer says so (`partial`, `skipped`). `score` never increases down a list."""
 log = logging.getLogger("sieve")
 
 
-def count_requests(app: FastAPI) -> None:
-    known = {getattr(route, "path", None) for route in app.routes}
+class RequestCounter:
+    """ASGI middleware, outermost: counts every request by endpoint and outcome: the status answered, or
+    `client_closed` when the client hung up before an answer was started (nobody got a 500; the server did
+    nothing wrong). An exception escaping the handlers is answered 500 by the error middleware outside this one."""
 
-    @app.middleware("http")
-    async def counter(request: Request, call_next):
-        status = 500  # an exception escaping the handlers is answered 500 by the outermost middleware
-        started = time.perf_counter()
+    def __init__(self, app, fastapi: FastAPI):
+        self.app, self.fastapi = app, fastapi
+        self.known: set | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status, gone, started = "500", False, time.perf_counter()
+
+        async def receiving() -> dict:
+            nonlocal gone
+            message = await receive()
+            gone = gone or (message["type"] == "http.disconnect" and status == "500")
+            return message
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start" and not gone:
+                status = str(message["status"])
+            await send(message)
+
         try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
+            await self.app(scope, receiving, sending)
         finally:
-            route = getattr(request.scope.get("route"), "path", None)  # the route template, never the raw URL
-            endpoint = route or (request.url.path if request.url.path in known else "unmatched")
-            app.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
-            app.state.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+            self.count(scope, "client_closed" if gone and status == "500" else status, started)
+
+    def count(self, scope, status: str, started: float) -> None:
+        if self.known is None:
+            self.known = {getattr(route, "path", None) for route in self.fastapi.routes}
+        route = getattr(scope.get("route"), "path", None)  # the route template, never the raw URL
+        endpoint = route or (scope["path"] if scope["path"] in self.known else "unmatched")
+        metrics = self.fastapi.state.metrics
+        metrics.requests.labels(endpoint=endpoint, status=status).inc()
+        metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+        if status == "client_closed":
+            log.info("client closed the connection before the answer: %s %s", scope["method"], scope["path"])
 
 
 def fingerprint(components: Components, settings: Settings) -> str:
@@ -139,7 +169,8 @@ def create_app(settings: Settings | None = None,
         app.state.updater.close()
         app.state.components.close()
 
-    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None)
+    serve_docs(app)
     app.state.settings = settings
     app.state.metrics = Metrics()
     install_error_handlers(app)
@@ -150,6 +181,7 @@ def create_app(settings: Settings | None = None,
     app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
-    count_requests(app)  # outermost: counts every answer, the limits' included
+    app.add_middleware(HeaderLimit, limit=settings.max_header_bytes, metrics=app.state.metrics)
+    app.add_middleware(RequestCounter, fastapi=app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app

@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     max_top_k: int = Field(1000, ge=1, description="Largest `top_k` a /search may ask for; more = 422.")
     max_retrieve_k: int = Field(16384, ge=1, description="Largest `retrieve_k` a /search may ask for; more = 422.")
     rerank_max_documents: int = Field(1000, ge=1, description="Most documents in one /rerank or /v2/rerank request; more = 422.")
-    rerank_max_tokens: int = Field(262_144, ge=1, description="Most tokens one /rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413.")
+    rerank_max_tokens: int = Field(16_384, ge=1, description="Most tokens one /rerank or /v2/rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413 before any work. The default is what the slower reranker (the shipped cross-encoder, about 1,500 tokens/s on 2 CPU cores) reads within the default deadline; raise both together on faster hosts (docs/deployment.md).")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'; chosen once at start-up.")
     precision: Literal["auto", "fp32"] = Field("auto", description="auto: bi-encoder query tower, CMC and cross-encoder run in the lowest precision the device has and that keeps rankings (bf16 with AVX-512 BF16/AMX, int8 linear layers with VNNI, fp16 on CUDA; see docs/performance.md and /readyz); fp32: everything in fp32.")
@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head converts, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
     ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
     # deadlines
-    default_timeout_ms: int | None = Field(None, ge=1, description="Budget of a request that gives no timeout_ms; unset = none.")
+    default_timeout_ms: int | None = Field(10_000, ge=1, description="Deadline of a /search, /rerank or /v2/rerank that gives no timeout_ms (stages that do not fit are skipped: partial answer); empty = none. 10 s: about 10x the slowest ordinary request on 2 CPU cores (a /search with the cross-encoder), and a /rerank at SIEVE_RERANK_MAX_TOKENS fits in it.")
     stage_budgets_ms: dict[str, float] = Field(default_factory=dict, description='Per-stage budgets, JSON: {"cmc": 200, "ce": 1000}.')
     # cache
     cache_enabled: bool = Field(True, description="Cache query embeddings and /search results.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -25,6 +26,15 @@ class BoundedH11Protocol(H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete and self.header_timer is not None:
             self.header_timer.cancel()  # a request's headers are in: the body has SIEVE_BODY_TIMEOUT_S
             self.header_timer = None
+
+    def shutdown(self) -> None:
+        """On SIGTERM: a connection still sending its request body is closed at once (its request has not started:
+        nobody is owed an answer; uvicorn would wait for it until SIEVE_BODY_TIMEOUT_S). Idle connections are closed
+        and requests whose body is in are answered, as uvicorn does."""
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
+            self.transport.close()
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.header_timer is not None:

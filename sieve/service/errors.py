@@ -30,6 +30,11 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_body(400, "malformed_json", "the request body is not valid JSON",
                           allowed="a JSON object as described at /docs")
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type.lower() and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return error_body(422, "not_json", f"the body was sent as {content_type or 'no content type'}, so it was "
+                          "not read as JSON", field="body",
+                          allowed="a JSON object sent with the header Content-Type: application/json")
     details = [describe(e) for e in errors]
     summary = "; ".join(f"{d['field']}: {d['message']}" if d["field"] else d["message"] for d in details)
     return error_body(422, "validation_error", summary, details=details, allowed="see the request schema at /docs")

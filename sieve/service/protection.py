@@ -163,10 +163,40 @@ class InflightLimit:
         self.count += 1  # one event loop: no lock needed
         self.metrics.inflight.set(self.count)
         try:
-            await self.app(scope, replay(messages, receive), send)
+            await watched(self.app, scope, messages, receive, send)
         finally:
             self.count -= 1
             self.metrics.inflight.set(self.count)
+
+
+async def watched(app: ASGIApp, scope: Scope, body: list[dict], receive: Receive, send: Send) -> None:
+    """Runs the request (its `body` messages already read) while listening on the connection: when the client
+    hangs up, the threading.Event at scope["state"]["cancelled"] is set (handlers hand it to the pipeline, which
+    stops as at a deadline). The app's receive hands out the body, then the disconnect the watcher saw."""
+    cancelled, gone = threading.Event(), anyio.Event()
+    scope.setdefault("state", {})["cancelled"] = cancelled
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        cancelled.set()
+        gone.set()
+
+    async def after_body() -> dict:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    error = None
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watch)
+        try:
+            await app(scope, replay(body, after_body), send)
+        except BaseException as exc:  # noqa: BLE001 - raised below as it is, not wrapped in an ExceptionGroup
+            error = exc
+        finally:
+            tasks.cancel_scope.cancel()
+    if error is not None:
+        raise error
 
 
 async def read_body(receive: Receive) -> list[dict]:
@@ -180,12 +210,36 @@ async def read_body(receive: Receive) -> list[dict]:
 
 
 def replay(messages: list[dict], receive: Receive) -> Receive:
-    """A receive that hands out the body already read, then waits on the connection (for a disconnect)."""
+    """A receive that hands out the body already read, then waits on `receive` (for a disconnect)."""
     pending = list(messages)
 
     async def replayed() -> dict:
         return pending.pop(0) if pending else await receive()
     return replayed
+
+
+def header_bytes(scope: Scope) -> int:
+    """Bytes of the request line and headers as they came on the wire (give or take separators)."""
+    line = len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b"")) + 12
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+
+
+class HeaderLimit:
+    """ASGI middleware: 400 and the connection closed when the request line and headers pass `limit` bytes. h11's
+    own bound (h11_max_incomplete_event_size) only holds while the headers are still incomplete: headers that
+    arrive in one read of any size pass it, so the size is checked again here, on every server."""
+
+    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics):
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or header_bytes(scope) <= self.limit:
+            return await self.app(scope, receive, send)
+        self.metrics.rejected.labels(reason="headers_too_large").inc()
+        response = error_body(400, "headers_too_large", f"the request line and headers are larger than this server's "
+                              f"limit of {self.limit} bytes", allowed=f"at most {self.limit} bytes (SIEVE_MAX_HEADER_BYTES)",
+                              headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 class BodyTooLarge(HTTPException):

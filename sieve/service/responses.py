@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import uuid
 
+import numpy as np
+
 from sieve.pipeline import registry
 from sieve.pipeline.searcher import Outcome
 from sieve.service import schemas
@@ -13,13 +15,25 @@ def score_or_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def final_score(scores: dict, rank: int) -> float:
-    """The score of the last stage that scored this candidate (the CE scores only the head of the list): columns
-    are in the order the stages added them, and each stage ranks by the first column it declares."""
-    for column in reversed([c for c in scores if c in registry.ranking_keys()]):
-        if not math.isnan(scores[column][rank]):
-            return float(scores[column][rank])
-    raise AssertionError("every candidate has a retrieve score")
+def ranked_scores(scores: dict) -> np.ndarray:
+    """The `score` of each candidate in rank order, never increasing down the list. Each candidate gets the score
+    of the last stage that scored it (the cross-encoder scores only the head); a run of candidates below a later
+    stage's cut-off keeps its own stage's scores, shifted down when needed so that its highest is one below the
+    lowest score above it (the gaps between its scores kept). Each stage's raw score stays in `scores`."""
+    columns = [np.asarray(v, dtype=np.float64) for c, v in scores.items() if c in registry.ranking_keys()]
+    assert columns, "every candidate has a retrieve score"
+    table = np.stack(columns)  # (stages, K)
+    owner = np.where(~np.isnan(table), np.arange(len(columns))[:, None], -1).max(axis=0)  # (K,) last stage
+    assert (owner >= 0).all(), "every candidate has a retrieve score"
+    raw = table[owner, np.arange(table.shape[1])]  # (K,)
+    out, floor, start = raw.copy(), math.inf, 0
+    for end in [*np.flatnonzero(np.diff(owner)) + 1, len(raw)]:  # runs of candidates owned by one stage
+        run = out[start:end]
+        if run.max() >= floor:
+            run -= run.max() - floor + 1.0
+        out[start:end] = np.minimum.accumulate(np.minimum(run, floor))  # never up, even within a run
+        floor, start = out[end - 1], end
+    return out
 
 
 def documents_out(outcome: Outcome) -> list[schemas.DocumentOut]:
@@ -32,9 +46,10 @@ def documents_out(outcome: Outcome) -> list[schemas.DocumentOut]:
 def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchResponse:
     cands, state = outcome.candidates, outcome.state
     docs = documents_out(outcome) if return_documents else [None] * len(cands)
+    ranked = ranked_scores(cands.scores) if len(cands) else []
     hits = [
         schemas.SearchHit(
-            id=doc_id, rank=rank + 1, score=final_score(cands.scores, rank),
+            id=doc_id, rank=rank + 1, score=float(ranked[rank]),
             scores={k: score_or_none(v[rank]) for k, v in cands.scores.items()},
             document=docs[rank])
         for rank, doc_id in enumerate(outcome.index.ids(cands.rows))
@@ -47,10 +62,11 @@ def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchR
 def rerank_response(outcome: Outcome, items, model: str, return_documents: bool) -> schemas.RerankResponse:
     cands, state = outcome.candidates, outcome.state
     column = cands.scores.get(outcome.final_stage)
+    ranked = None if column is None or not len(cands) else ranked_scores(cands.scores)
     results = []
     for pos, origin in enumerate(cands.origin):
         document = schemas.DocumentOut(id=items[origin].id, text=cands.texts[pos]) if return_documents else None
-        score = None if column is None else score_or_none(column[pos])
+        score = None if ranked is None else score_or_none(ranked[pos])
         results.append(schemas.RerankResult(index=int(origin), relevance_score=score, document=document))
     return schemas.RerankResponse(results=results, timings_ms=state.timings_ms, model=model,
                                   index_version=outcome.index_version, warnings=state.warnings,

@@ -80,7 +80,20 @@ def check_limit(value: int, limit: int, field: str, setting: str) -> None:
 
 
 def timeout_of(body, settings: Settings) -> int | None:
-    return body.timeout_ms or settings.default_timeout_ms
+    return getattr(body, "timeout_ms", None) or settings.default_timeout_ms
+
+
+def retrieve_k_of(body: schemas.SearchRequest, index) -> int:
+    """The request's retrieve_k; left unset, the default cut to the index size, so a small index (the demo's) does
+    not warn on every search that a value the client never sent was clamped."""
+    if "retrieve_k" in body.model_fields_set:
+        return body.retrieve_k
+    return max(body.top_k, body.cmc_k, min(body.retrieve_k, index.size))
+
+
+def hang_up(request: Request):
+    """The event set when this request's client hangs up (protection.watched), None outside the work paths."""
+    return getattr(request.state, "cancelled", None)
 
 
 @router.post("/search", response_model=schemas.SearchResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
@@ -98,11 +111,12 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     rerank = body.rerank or searcher.default_rerank(retriever, settings.default_rerank)
     use_ce = body.cross_encoder if body.cross_encoder is not None else \
         settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
-    params = SearchParams(body.query, body.top_k, body.retrieve_k, rerank, body.cmc_k, use_ce,
+    params = SearchParams(body.query, body.top_k, retrieve_k_of(body, searcher.index), rerank, body.cmc_k, use_ce,
                           timeout_of(body, settings), retriever=retriever, ce_model=body.ce_model,
-                          use_cache=not fresh)
+                          use_cache=not fresh, cancelled=hang_up(request))
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "cross_encoder": use_ce, "retriever": retriever,
+                                                            "retrieve_k": params.retrieve_k,
                                                             "rerank": rerank,
                                                             "server": caches.fingerprint}
     hit = None
@@ -127,12 +141,13 @@ def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:
 
 
 @router.post("/rerank", response_model=schemas.RerankResponse, responses=ERRORS, tags=["search"], dependencies=Guarded)
-def rerank(body: schemas.RerankRequest, components: ComponentsDep, settings: SettingsDep, metrics: MetricsDep):
+def rerank(body: schemas.RerankRequest, request: Request, components: ComponentsDep, settings: SettingsDep,
+           metrics: MetricsDep):
     """Rerank a candidate list from elsewhere (Cohere / TEI shape). Indexed ids reuse stored vectors."""
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
     items = rerank_items(body)
     outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
-                                         timeout_of(body, settings), settings.rerank_max_tokens)
+                                         timeout_of(body, settings), settings.rerank_max_tokens, hang_up(request))
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
@@ -150,8 +165,9 @@ def sieve_model(name: str, searcher) -> str:
         return name
     if name.startswith("rerank-"):  # the cross-encoder when the "ce" stage has one, in-process or remote
         return "ce" if searcher.serves_cross_encoder(None, "ce") else "cmc"
+    loaded = " | ".join(searcher.runnable())
     raise RequestError(f"model {name!r} is not supported", field="model",
-                       allowed="ce | cmc | a Cohere name rerank-* (the cross-encoder when loaded, else cmc)")
+                       allowed=f"{loaded} | a Cohere name rerank-* (the cross-encoder when loaded, else cmc)")
 
 
 def first_words(text: str, max_words: int | None) -> str:
@@ -164,14 +180,14 @@ def first_words(text: str, max_words: int | None) -> str:
 
 @router.post("/v2/rerank", response_model=schemas.CohereRerankResponse, responses=ERRORS, tags=["search"],
              dependencies=Guarded)
-def cohere_rerank(body: schemas.CohereRerankRequest, components: ComponentsDep, settings: SettingsDep,
-                  metrics: MetricsDep):
+def cohere_rerank(body: schemas.CohereRerankRequest, request: Request, components: ComponentsDep,
+                  settings: SettingsDep, metrics: MetricsDep):
     """Cohere's v2 rerank shape (works with `cohere.ClientV2(base_url=...)`), same models and limits as /rerank."""
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
     model = sieve_model(body.model, components.searcher)
     items = [RerankItem(text=first_words(d, body.max_tokens_per_doc)) for d in body.documents]
     outcome = components.searcher.rerank(body.query, items, model, body.top_n or len(items),
-                                         settings.default_timeout_ms, settings.rerank_max_tokens)
+                                         timeout_of(body, settings), settings.rerank_max_tokens, hang_up(request))
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/v2/rerank", skipped=",".join(outcome.state.skipped)).inc()

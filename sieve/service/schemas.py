@@ -90,12 +90,6 @@ class SearchRequest(Strict):
         "k_i anchor documents, then MIPS over the annCUR index (SIEVE_ANNCUR_DIR). Unset = hybrid when the index has "
         "a lexical part, else be.")
 
-    @model_validator(mode="after")
-    def top_k_within_retrieve_k(self):
-        if self.top_k > self.retrieve_k:
-            raise ValueError(f"top_k ({self.top_k}) must be <= retrieve_k ({self.retrieve_k})")
-        return self
-
 
 class SearchHit(Reply):
     id: str = Field(..., description="Document id.")

@@ -1,0 +1,57 @@
+"""`score` never increases down a list, whichever stages ran (issue 27: the cross-encoder's head with CE logits
+above the rest with CMC scores once read 7.0 at rank 16 and 11.6 at rank 17). Response shaping on real Candidates
+and QueryState; the index is a stand-in that only names rows."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import sieve.stages  # noqa: F401 - registers the stages whose score columns rank
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.searcher import Outcome
+from sieve.pipeline.state import QueryState
+from sieve.service.responses import rerank_response, search_response
+
+NAN = math.nan
+
+
+class NamedRows:
+    def ids(self, rows):
+        return [f"d{r}" for r in rows]
+
+
+def outcome(scores: dict, ran: list[str], skipped: tuple = ()) -> Outcome:
+    n = len(next(iter(scores.values())))
+    cands = Candidates(rows=np.arange(n), scores={k: np.asarray(v, dtype=np.float32) for k, v in scores.items()})
+    state = QueryState("q", ran=ran, skipped=list(skipped))
+    return Outcome(cands, ran[-1], state, 1, index=NamedRows())
+
+
+def check(hits, raw: dict) -> list[float]:
+    scores = [h.score for h in hits]
+    assert all(a > b for a, b in zip(scores, scores[1:])), scores  # strictly: every stage's scores are distinct here
+    for column, values in raw.items():  # each stage's own score is kept as it was
+        assert [h.scores[column] for h in hits] == [None if math.isnan(v) else np.float32(v) for v in values]
+    return scores
+
+
+def test_candidates_below_the_cross_encoders_head_score_below_its_lowest():
+    raw = {"retrieve": [0.9, 0.8, 0.7, 0.6, 0.5], "cmc": [12.0, 11.9, 11.6, 10.0, 2.0], "ce": [9.0, 7.0, NAN, NAN, NAN]}
+    scores = check(search_response(outcome(raw, ["retrieve", "cmc", "ce"]), False).results, raw)
+    assert scores[:2] == [9.0, 7.0]  # the head keeps the cross-encoder's scores
+    assert scores[2] == 6.0 and np.allclose(np.diff(scores[2:]), [-1.6, -8.0])  # CMC's gaps kept, one below 7.0
+
+
+def test_with_cmc_skipped_the_retrieve_scores_go_below_the_cross_encoders():
+    raw = {"retrieve": [0.9, 0.8, 0.7, 0.6], "ce": [0.2, -0.5, NAN, NAN]}
+    scores = check(search_response(outcome(raw, ["retrieve", "ce"], ("cmc",)), False).results, raw)
+    assert scores[:2] == [np.float32(0.2), -0.5] and scores[2] == np.float32(0.7) - np.float32(0.7 + 0.5 + 1)
+
+
+def test_rerank_relevance_scores_never_increase():
+    raw = {"retrieve": [0.5, 0.4, 0.3, 0.2], "ce": [3.0, 1.0, NAN, NAN]}
+    out = outcome(raw, ["retrieve", "ce"])
+    out.candidates.texts = ["a", "b", "c", "d"]
+    scores = [r.relevance_score for r in rerank_response(out, [None] * 4, "ce", False).results]
+    assert scores[:2] == [3.0, 1.0] and scores[2] < 1.0 and scores == sorted(scores, reverse=True)
