@@ -45,6 +45,11 @@ class Metrics:
                                          registry=r)
         self.remote_ce_open = Gauge("sieve_remote_ce_breaker_open", "1 while the remote cross-encoder's circuit breaker "
                                     "is open or half-open, 0 when closed.", registry=r)
+        # a Qdrant index (SIEVE_INDEX_BACKEND=qdrant): its calls by operation and outcome, and whether the last answered
+        self.index_backend_calls = Counter("sieve_index_backend_calls_total", "Calls to the Qdrant index by operation "
+                                           "and outcome (ok, error).", ["op", "outcome"], registry=r)
+        self.index_backend_up = Gauge("sieve_index_backend_up", "1 when the last call to the Qdrant index succeeded, "
+                                      "0 when it failed.", registry=r)
         for reason in ("unauthorized", "rate_limited", "overloaded", "too_large"):
             self.rejected.labels(reason=reason)  # exported at 0 from the start, so rate() has a series
 
@@ -63,6 +68,10 @@ class Metrics:
         remote.on_retry = self.remote_ce_retries.inc
         self.remote_ce_calls.labels(outcome="ok")  # exported at 0 from the start
         self.remote_ce_open.set_function(lambda: float(remote.breaker.state != "closed"))
+
+    def observe_index_call(self, op: str, ok: bool) -> None:
+        self.index_backend_calls.labels(op=op, outcome="ok" if ok else "error").inc()
+        self.index_backend_up.set(1.0 if ok else 0.0)
 
     def set_index(self, index) -> None:
         self.index_size.set(index.size)
