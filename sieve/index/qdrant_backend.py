@@ -48,13 +48,16 @@ class QdrantConfig:
     exact: bool = False  # True: Qdrant searches exhaustively (recall 1, slower)
 
     def client(self):
-        from qdrant_client import QdrantClient
+        try:
+            from qdrant_client import QdrantClient
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError("the Qdrant backend needs qdrant-client: pip install 'sieve[qdrant]'") from exc
 
         if self.location == ":memory:":
             return QdrantClient(":memory:")
         if self.location.startswith(("http://", "https://")):
             return QdrantClient(url=self.location, api_key=self.api_key, timeout=self.timeout_s,
-                                prefer_grpc=self.prefer_grpc)
+                                prefer_grpc=self.prefer_grpc, check_compatibility=False)  # no call at start-up
         return QdrantClient(path=self.location)
 
 
