@@ -71,6 +71,7 @@ class QdrantIndex:
         self.client = client if client is not None else config.client()
         self.on_call = on_call  # (operation, ok) for the service's metrics
         self.meta: dict | None = None
+        self.expect: dict | None = None  # model identity the metadata must show (check_model)
         self.size, self.version, self._lock = 0, 0, threading.Lock()
         self._analyzer = None
 
@@ -101,14 +102,20 @@ class QdrantIndex:
             raise IndexUnavailableError(f"collection {self.meta_name!r} holds no Sieve metadata; build the "
                                         "collection with `sieve index build --backend qdrant`")
         meta = dict(points[0].payload)
+        self.check_identity(meta)
         with self._lock:
             self.meta, self.version = meta, int(meta["version"])
             self._analyzer = None
         return meta
 
     def check_model(self, model_name: str | None, model_hash: str | None, dim: int | None) -> None:
-        meta = self.load_meta()
-        for key, want in (("model_name", model_name), ("model_hash", model_hash), ("dim", dim)):
+        """Refuse a collection built by another model, now and whenever the metadata is read again (a collection
+        built after the service started, or rebuilt under it)."""
+        self.expect = {"model_name": model_name, "model_hash": model_hash, "dim": dim}
+        self.load_meta(force=True)
+
+    def check_identity(self, meta: dict) -> None:
+        for key, want in (self.expect or {}).items():
             if want is not None and meta.get(key) != want:
                 raise IndexMismatchError(f"Qdrant collection {self.name!r} was built with {key} {meta.get(key)!r}, "
                                          f"this server has {want!r}; rebuild it with `sieve index build --backend "

@@ -87,8 +87,10 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
         if commit_s is not None:
             metrics.index_commit.observe(commit_s)
 
+    metrics.index_backend_up.set(1.0)  # a local index is always up; a Qdrant one reports every call from here on
     if qdrant:  # writes go straight to Qdrant (service/qdrant_service.py)
         searcher.index.on_call = metrics.observe_index_call
+        searcher.index.note("start", searcher.index.meta is not None)  # opened while Qdrant answered, or not
         state.updater = QdrantUpdater(searcher, encoders, lambda index: on_swap(index, None))
     else:
         state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
