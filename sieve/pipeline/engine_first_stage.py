@@ -71,7 +71,8 @@ class EngineHybrid(FirstStage):
                 np.empty((0, len(vector)), np.float32)  # (K, d)
             ids = [where[r][0].ids[where[r][1]] for r in rows.tolist()]
             be = (vectors @ vector).astype(np.float32)  # (K,)
-        bm25 = self.bm25_of(state.query, rows, lexical)
+        with state.timed("bm25"):  # the BM25 of candidates only the dense list found: a call filtered to their ids
+            bm25 = self.bm25_of(state.query, rows, lexical)
         state.counts["bm25"] = len(lexical)
         state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": bm25}, vectors=vectors,
                                       ids=ids)
