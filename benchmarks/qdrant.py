@@ -42,18 +42,31 @@ from sieve.pipeline.searcher import Searcher, SearchParams  # noqa: E402
 PIPELINES = ["be", "bm25", "hybrid", "hybrid+cmc"]
 
 
-def quality(data_dir: Path, cache_dir: Path, biencoder, workdir: Path) -> list[dict]:
+class QueryVectors:
+    """One query encoding shared by both backends' searchers (the same vectors go to both; half the model work)."""
+
+    def __init__(self):
+        self.vectors = {}
+
+    def get(self, tower, query):
+        return self.vectors.get((id(tower), query))
+
+    def put(self, tower, query, vector):
+        self.vectors[(id(tower), query)] = vector
+
+
+def quality(data_dir: Path, cache_dir: Path, biencoder, workdir: Path, max_queries: int | None) -> list[dict]:
     docs = read_beir_corpus(data_dir / "corpus.jsonl")
-    split = load_split(data_dir, "test")
+    split = load_split(data_dir, "test", max_queries=max_queries)
     build_index(docs, biencoder, workdir / "local", cache_dir=cache_dir, progress=True)
     qdrant = build_qdrant(docs, {"primary": biencoder}, QdrantConfig(":memory:", "quality"), cache_dir=cache_dir)
     cmc = load_cmc(checkpoints.shipped(checkpoints.CMC), biencoder)
-    results = {}
+    results, shared = {}, QueryVectors()
     for name, index in (("local", SearchIndex.load(workdir / "local")), ("qdrant", qdrant)):
-        searcher = Searcher(biencoder, index, cmc=cmc)
+        searcher = Searcher(biencoder, index, cmc=cmc, embedding_cache=shared)
         results[name] = run_pipelines(InProcessBackend(searcher), split, PIPELINES, EvalConfig())
         searcher.close()
-    return [{"dataset": data_dir.name, "pipeline": p, "local": round(results["local"][p]["ndcg@10"], 4),
+    return [{"dataset": data_dir.name, "split": "test", "queries": len(split.queries), "pipeline": p, "local": round(results["local"][p]["ndcg@10"], 4),
              "qdrant": round(results["qdrant"][p]["ndcg@10"], 4)} for p in PIPELINES]
 
 
@@ -149,6 +162,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=100, help="timed queries per row")
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--max-queries", type=int, help="quality on a seeded sample of the judged test queries")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant.json"))
     args = parser.parse_args()
     biencoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2",
@@ -156,7 +170,7 @@ def main() -> None:
     out = {"machine": machine(), "command": " ".join(sys.argv), "quality": [], "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_quality:
-            out["quality"] = quality(args.data, args.cache_dir, biencoder, Path(tmp))
+            out["quality"] = quality(args.data, args.cache_dir, biencoder, Path(tmp), args.max_queries)
             print(json.dumps(out["quality"], indent=1))
         corpus = read_beir_corpus(args.data / "corpus.jsonl")
         words = sorted({w for d in corpus[:2000] for w in d.full_text.lower().split() if w.isalpha()})
