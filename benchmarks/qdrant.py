@@ -42,32 +42,28 @@ from sieve.pipeline.searcher import Searcher, SearchParams  # noqa: E402
 PIPELINES = ["be", "bm25", "hybrid", "hybrid+cmc"]
 
 
-class QueryVectors:
-    """One query encoding shared by both backends' searchers (the same vectors go to both; half the model work)."""
-
-    def __init__(self):
-        self.vectors = {}
-
-    def get(self, tower, query):
-        return self.vectors.get((id(tower), query))
-
-    def put(self, tower, query, vector):
-        self.vectors[(id(tower), query)] = vector
+def open_backend(name: str, docs, biencoder, cache_dir: Path, workdir: Path):
+    if name == "local":
+        build_index(docs, biencoder, workdir / "local", cache_dir=cache_dir, progress=True)
+        return SearchIndex.load(workdir / "local")
+    return build_qdrant(docs, {"primary": biencoder}, QdrantConfig(":memory:", "quality"), cache_dir=cache_dir)
 
 
-def quality(data_dir: Path, cache_dir: Path, biencoder, workdir: Path, max_queries: int | None) -> list[dict]:
+def quality(data_dir: Path, cache_dir: Path, biencoder, workdir: Path, max_queries: int | None,
+            backends: list[str]) -> list[dict]:
+    """Searchers stay open until every backend has run (closing one before the next started stalled the next's
+    query batcher in one run here; not investigated)."""
     docs = read_beir_corpus(data_dir / "corpus.jsonl")
     split = load_split(data_dir, "test", max_queries=max_queries)
-    build_index(docs, biencoder, workdir / "local", cache_dir=cache_dir, progress=True)
-    qdrant = build_qdrant(docs, {"primary": biencoder}, QdrantConfig(":memory:", "quality"), cache_dir=cache_dir)
     cmc = load_cmc(checkpoints.shipped(checkpoints.CMC), biencoder)
-    results, shared = {}, QueryVectors()
-    for name, index in (("local", SearchIndex.load(workdir / "local")), ("qdrant", qdrant)):
-        searcher = Searcher(biencoder, index, cmc=cmc, embedding_cache=shared)
-        results[name] = run_pipelines(InProcessBackend(searcher), split, PIPELINES, EvalConfig())
+    results, searchers = {}, []
+    for name in backends:
+        searchers.append(Searcher(biencoder, open_backend(name, docs, biencoder, cache_dir, workdir), cmc=cmc))
+        results[name] = run_pipelines(InProcessBackend(searchers[-1]), split, PIPELINES, EvalConfig())
+    for searcher in searchers:
         searcher.close()
-    return [{"dataset": data_dir.name, "split": "test", "queries": len(split.queries), "pipeline": p, "local": round(results["local"][p]["ndcg@10"], 4),
-             "qdrant": round(results["qdrant"][p]["ndcg@10"], 4)} for p in PIPELINES]
+    return [{"dataset": data_dir.name, "split": "test", "queries": len(split.queries), "pipeline": p,
+             **{name: round(results[name][p]["ndcg@10"], 4) for name in backends}} for p in PIPELINES]
 
 
 class Precomputed:
@@ -163,6 +159,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100, help="timed queries per row")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--max-queries", type=int, help="quality on a seeded sample of the judged test queries")
+    parser.add_argument("--backends", nargs="+", default=["local", "qdrant"], choices=["local", "qdrant"],
+                        help="quality: the backends to run")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant.json"))
     args = parser.parse_args()
     biencoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2",
@@ -170,7 +168,8 @@ def main() -> None:
     out = {"machine": machine(), "command": " ".join(sys.argv), "quality": [], "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_quality:
-            out["quality"] = quality(args.data, args.cache_dir, biencoder, Path(tmp), args.max_queries)
+            out["quality"] = quality(args.data, args.cache_dir, biencoder, Path(tmp), args.max_queries,
+                                     args.backends)
             print(json.dumps(out["quality"], indent=1))
         corpus = read_beir_corpus(args.data / "corpus.jsonl")
         words = sorted({w for d in corpus[:2000] for w in d.full_text.lower().split() if w.isalpha()})
