@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", help="build and edit indexes").add_subparsers(dest="index_command", required=True)
     build = index.add_parser("build", help="encode a BEIR corpus.jsonl into an index directory")
     build.add_argument("--corpus", required=True, type=Path)
-    build.add_argument("--out", required=True, type=Path)
+    build.add_argument("--out", type=Path, help="index directory (the local backend)")
+    add_backend_args(build)
+    build.add_argument("--recreate", action="store_true", help="--backend qdrant: replace an existing collection")
     build.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     build.add_argument("--faiss", choices=["auto", "flat", "ivf", "hnsw"], default="auto",
                        help="auto = exact below SIEVE_ANN_MIN_ROWS rows per segment, IVF above; flat = always exact")
@@ -34,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--lexical-language", help="BM25 analyzer language (SIEVE_LEXICAL_LANGUAGE, default english; 'none')")
     build.set_defaults(func=cmd_build)
     add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
-    add.add_argument("--index", required=True, type=Path)
+    add.add_argument("--index", type=Path)
+    add_backend_args(add)
     add.add_argument("--corpus", required=True, type=Path)
     add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
     add.add_argument("--mix-checkpoint", type=Path, help="needed when the index holds a MixEncoder store")
@@ -46,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_store.set_defaults(func=cmd_add_store)
     anncur_cli.register(index)
     delete = index.add_parser("delete", help="delete documents by id")
-    delete.add_argument("--index", required=True, type=Path)
+    delete.add_argument("--index", type=Path)
+    add_backend_args(delete)
     delete.add_argument("ids", nargs="+")
     delete.set_defaults(func=cmd_delete)
     compact = index.add_parser("compact", help="merge every segment into one, dropping deleted rows (docs/index.md)")
@@ -85,10 +89,41 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port (SIEVE_PORT)")
 
 
+def add_backend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["local", "qdrant"], help="where the index lives (SIEVE_INDEX_BACKEND)")
+    parser.add_argument("--qdrant-url", help="Qdrant server URL, directory or :memory: (SIEVE_QDRANT_URL)")
+    parser.add_argument("--collection", help="Qdrant collection (SIEVE_QDRANT_COLLECTION)")
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    overrides = {k: v for k, v in {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
-                                   "port": getattr(args, "port", None)}.items() if v is not None}
-    return Settings(**overrides)
+    given = {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
+             "port": getattr(args, "port", None), "index_backend": getattr(args, "backend", None),
+             "qdrant_url": getattr(args, "qdrant_url", None), "qdrant_collection": getattr(args, "collection", None)}
+    return Settings(**{k: v for k, v in given.items() if v is not None})
+
+
+def needs_dir(path: Path | None, flag: str) -> Path:
+    if path is None:
+        raise SystemExit(f"sieve index: give {flag} (the local index directory), or --backend qdrant")
+    return path
+
+
+def qdrant_index(settings: Settings):
+    from sieve.index.qdrant_backend import QdrantIndex
+
+    index = QdrantIndex(settings.qdrant_config())
+    index.load_meta()
+    return index
+
+
+def qdrant_encoded(index, docs, found: dict) -> dict:
+    from sieve.index.encoder import checked_embeddings
+
+    stores = ["primary", *(index.load_meta().get("stores") or {})]
+    missing = [s for s in stores if s not in found]
+    if missing:
+        raise SystemExit(f"the collection holds vectors of {missing}: give the checkpoint that encodes them")
+    return {s: checked_embeddings(found[s], [d.full_text for d in docs], progress=True) for s in stores}
 
 
 def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None) -> dict:
@@ -111,10 +146,25 @@ def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Pa
     return found
 
 
+def cmd_build_qdrant(args, settings: Settings, found: dict) -> None:
+    from sieve.index import read_beir_corpus
+    from sieve.index.qdrant_build import Layout, build_qdrant
+
+    layout = Layout(settings.qdrant_shards, settings.qdrant_replicas, settings.qdrant_write_consistency)
+    index = build_qdrant(read_beir_corpus(args.corpus), found, settings.qdrant_config(), lexical=lexical_of(args, settings),
+                         layout=layout, cache_dir=settings.cache_dir, recreate=args.recreate)
+    print(json.dumps({"qdrant": settings.qdrant_url, "collection": index.name, "count": index.size,
+                      "version": index.version, "lexical": index.meta["lexical"]}))
+    index.close()
+
+
 def cmd_build(args, settings: Settings) -> None:
     from sieve.index import build_index, read_beir_corpus
 
     found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
+    if settings.index_backend == "qdrant":
+        return cmd_build_qdrant(args, settings, found)
+    args.out = needs_dir(args.out, "--out")
     params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
     if args.faiss == "auto":
         params = {"ann_min_rows": settings.ann_min_rows, **({"nlist": args.nlist} if args.nlist else {})}
@@ -137,6 +187,11 @@ def lexical_of(args, settings: Settings):
 def cmd_add(args, settings: Settings) -> None:
     from sieve.index import add_documents, read_beir_corpus
 
+    if settings.index_backend == "qdrant":  # written through, acknowledged by Qdrant (wait=true)
+        index, docs = qdrant_index(settings), read_beir_corpus(args.corpus)
+        index.upsert(docs, qdrant_encoded(index, docs, encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)))
+        return print(json.dumps({"collection": index.name, "count": index.size, "version": index.version}))
+    needs_dir(args.index, "--index")
     manifest = add_documents(args.index, read_beir_corpus(args.corpus),
                              encoders(settings, args.cmc_checkpoint, args.mix_checkpoint))
     manifest = merge_due(args.index, settings) or manifest
@@ -157,6 +212,11 @@ def cmd_add_store(args, settings: Settings) -> None:
 def cmd_delete(args, settings: Settings) -> None:
     from sieve.index import delete_documents
 
+    if settings.index_backend == "qdrant":
+        index = qdrant_index(settings)
+        index.delete(args.ids)
+        return print(json.dumps({"collection": index.name, "count": index.size, "version": index.version}))
+    needs_dir(args.index, "--index")
     manifest = delete_documents(args.index, args.ids)
     manifest = merge_due(args.index, settings) or manifest
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))

@@ -32,7 +32,8 @@ class InProcessBackend:
 
     def search(self, params: SearchParams) -> QueryResult:
         outcome = self.searcher.search(params)
-        ids = self.searcher.index.ids(outcome.candidates.rows)
+        cands = outcome.candidates  # a Qdrant index returns the ids with the candidates
+        ids = cands.ids if cands.ids is not None else outcome.index.ids(cands.rows)
         ce = outcome.candidates.scores.get("ce")
         scored = {} if ce is None else {i: float(s) for i, s in zip(ids, ce) if not math.isnan(s)}
         pairs = sum(outcome.state.counts.get(spec.name, 0) for spec in registry.stages(registry.CROSS_ENCODER))
@@ -40,7 +41,8 @@ class InProcessBackend:
 
     def describe(self) -> dict:
         s = self.searcher
-        return {"mode": "in-process", "index_dir": str(s.index.index_dir), "index_size": s.index.size,
+        return {"mode": "in-process", "index_dir": str(getattr(s.index, "index_dir", s.index.identity())),
+                "index_size": s.index.size,
                 "index_version": s.index.version,
                 "models": {"bi_encoder": s.biencoder.name, "cmc": s.cmc.name if s.cmc else None,
                            "cross_encoder": s.cross_encoder.name if s.cross_encoder else None},

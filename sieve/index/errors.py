@@ -45,3 +45,8 @@ class UnknownDocumentError(KeyError):
 
 class IndexDiskFullError(OSError):
     """A new version did not fit on the index's filesystem; the live version is unchanged."""
+
+
+class IndexUnavailableError(ConnectionError):
+    """The index is served by another system (a Qdrant cluster) that did not answer, answered too slowly or refused
+    the operation; nothing of a write that fails with it was acknowledged (HTTP 503)."""

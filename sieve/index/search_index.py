@@ -17,6 +17,7 @@ from .errors import IndexFormatError, UnknownDocumentError
 from .layout import current_version_dir
 from .lexical import Analyzer, LexicalConfig, LiveStats, bm25_scores, live_stats, top_positive
 from .manifest import Manifest, check_manifest, read_manifest
+from .protocol import Hits
 from .segments import REGISTRY, SearchKnobs, Segment, local_tombstones, read_tombstones, segment_dir
 
 _LOAD_ATTEMPTS = 3
@@ -78,7 +79,10 @@ def _open_parts(vdir: Path, check: Callable[[Manifest], None], use_gpu: bool,
 
 
 class SearchIndex:
-    """A loaded index version. Build with SearchIndex.load()."""
+    """A loaded index version. Build with SearchIndex.load(). Implements index/protocol.py's IndexBackend: the
+    pipeline's own first stages read it directly (returns_vectors = False: no vectors copied per hit)."""
+
+    returns_vectors = False
 
     def __init__(self, index_dir: Path, parts: _Parts):
         self.index_dir = index_dir
@@ -193,6 +197,28 @@ class SearchIndex:
     def search_lexical(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows by BM25 (only rows sharing a term with the query): (scores, rows), 1-D, best first."""
         return top_positive(self.lexical_scores(query), max(1, min(int(k), self.size)))
+
+    def lexical_scores_of(self, query: str, rows: Sequence[int]) -> np.ndarray:
+        return self.lexical_scores(query)[self._rows(rows)]
+
+    def dense_hits(self, vector: np.ndarray, k: int) -> Hits:
+        scores, rows = self.search(np.asarray(vector, dtype=np.float32)[None, :], k)
+        return Hits(rows[0], scores[0])
+
+    def lexical_hits(self, query: str, k: int) -> Hits:
+        scores, rows = self.search_lexical(query, k)
+        return Hits(rows, scores)
+
+    def both_hits(self, vector: np.ndarray, query: str, depth: int) -> tuple[Hits, Hits]:
+        return self.dense_hits(vector, depth), self.lexical_hits(query, depth)
+
+    def identity(self) -> str:
+        """The version number and the hash of its documents: a number alone does not name the content (two
+        servers sharing a result cache can each reach version 7 with different documents)."""
+        return f"v{self.version}:{self.manifest.corpus_hash[:16]}"
+
+    def check_ready(self) -> None:
+        self._check_open()
 
     def ids(self, rows: Sequence[int]) -> list[str]:
         seg, local = self._locate(self._rows(rows))

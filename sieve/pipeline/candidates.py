@@ -18,6 +18,9 @@ class Candidates:
     vectors: (K, d) candidate vectors for texts not in the index (None when all rows are indexed).
     texts: candidate texts when the caller supplied them (/rerank), else fetched from the index on demand.
     origin: position of each candidate in the caller's input (/rerank answers with it).
+    ids: document ids when the index returned them with the hits (a remote engine: sieve/index/protocol.py), else
+        None and the index maps rows to ids.
+    vector_store: the store `vectors` came from (None = the bi-encoder's, "cmc" = a separate-mode CMC's).
     """
 
     rows: np.ndarray
@@ -25,6 +28,8 @@ class Candidates:
     vectors: np.ndarray | None = None
     texts: list[str] | None = None
     origin: np.ndarray | None = None
+    ids: list[str] | None = None
+    vector_store: str | None = None
 
     def __post_init__(self):
         self.rows = np.asarray(self.rows, dtype=np.int64)
@@ -46,6 +51,7 @@ class Candidates:
         assert self.vectors is None or self.vectors.shape[0] == n, "one vector per candidate"
         assert self.texts is None or len(self.texts) == n, "one text per candidate"
         assert len(self.origin) == n, "one origin per candidate"
+        assert self.ids is None or len(self.ids) == n, "one id per candidate"
 
     def take(self, order: np.ndarray) -> "Candidates":
         """A new list holding the candidates at `order`, in that order."""
@@ -56,12 +62,14 @@ class Candidates:
             vectors=None if self.vectors is None else self.vectors[order],
             texts=None if self.texts is None else [self.texts[i] for i in order],
             origin=self.origin[order],
+            ids=None if self.ids is None else [self.ids[i] for i in order],
+            vector_store=self.vector_store,
         )
 
     def with_scores(self, stage: str, values: np.ndarray) -> "Candidates":
         scores = dict(self.scores)
         scores[stage] = np.asarray(values, dtype=np.float32)
-        return Candidates(self.rows, scores, self.vectors, self.texts, self.origin)
+        return Candidates(self.rows, scores, self.vectors, self.texts, self.origin, self.ids, self.vector_store)
 
     def rerank_head(self, stage: str, head_scores: np.ndarray) -> "Candidates":
         """Score the first len(head_scores) candidates with `stage`, sort them by it, keep the tail in its order."""

@@ -13,7 +13,7 @@ list in first-stage order:
   bm25_z     BM25 standardised within the list
 A model trained on the first n features is given the first n (later features are appended, never inserted).
 BM25 comes from the candidates' "bm25" column when the first stage computed it, else from the index's lexical
-part; texts outside the index (/rerank) and indexes without a lexical part have no BM25 evidence (zeros).
+part (index/protocol.py `lexical_scores_of`: a Qdrant collection answers it for the candidates' ids); texts outside the index (/rerank) and indexes without a lexical part have no BM25 evidence (zeros).
 """
 from __future__ import annotations
 
@@ -58,5 +58,5 @@ def bm25_of(candidates, index, query: str) -> np.ndarray:
     out = np.zeros(len(candidates), dtype=np.float32)
     indexed = candidates.rows >= 0
     if getattr(index, "has_lexical", False) and indexed.any():
-        out[indexed] = index.lexical_scores(query)[candidates.rows[indexed]]
+        out[indexed] = index.lexical_scores_of(query, candidates.rows[indexed])
     return out

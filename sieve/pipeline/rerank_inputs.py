@@ -96,5 +96,5 @@ def rerank_candidates(index, items: Sequence[RerankItem], texts: list[str], bund
     retrieve = vectors @ query  # (K,)
     order = np.argsort(-retrieve, kind="stable")
     cands = Candidates(rows=np.asarray(indexed), scores={"retrieve": retrieve.astype(np.float32)}, vectors=vectors,
-                       texts=texts)
+                       texts=texts, vector_store=store)
     return cands.take(order)

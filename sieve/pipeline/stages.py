@@ -84,9 +84,9 @@ class CMCRerank:
         self.batch_key = f"cmc:{id(bundle.model)}"
 
     def candidate_vectors(self, candidates: Candidates) -> np.ndarray:
-        if candidates.vectors is not None:
-            return candidates.vectors
         store = "cmc" if self.bundle.config.mode == "separate" else None
+        if candidates.vectors is not None and candidates.vector_store == store:  # carried with the candidates
+            return candidates.vectors
         return self.index.embeddings(candidates.rows, store=store)  # (K, d)
 
     def prepare(self, state: QueryState) -> tuple:

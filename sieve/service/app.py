@@ -22,6 +22,7 @@ from sieve.service.errors import install_error_handlers
 from sieve.service.metrics import Metrics
 from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
+from sieve.service.qdrant_service import QdrantUpdater
 from sieve.service.routes import router
 from sieve.service.runtime import load_index
 from sieve.service.updates import IndexUpdater
@@ -106,9 +107,10 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
     encoders = {"primary": searcher.biencoder}
+    qdrant = settings.index_backend == "qdrant"
     for name, model in searcher.models.items():  # stores a stage keeps in the index get their vectors for new documents
         store = (registry.get(name).extra.get("index_store") or (lambda _: None))(model)
-        if store is not None and searcher.index.has_store(store[0]):
+        if store is not None and (qdrant or searcher.index.has_store(store[0])):
             encoders[store[0]] = store[1]
 
     def on_swap(index, commit_s):
@@ -117,10 +119,17 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
             metrics.index_commit.observe(commit_s)
 
     state.cmc = serve_cmc(state, settings, components)
-    state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
-                                 lambda: load_index(settings, searcher.biencoder, torch.device(components.device), searcher.cmc),
-                                 settings.write_batch_wait_ms, on_swap, settings.index_poll_s, settings.merge_policy(),
-                                 on_check=state.cmc.check)
+    metrics.index_backend_up.set(1.0)  # a local index is always up; a Qdrant one reports every call from here on
+    if qdrant:  # writes go straight to Qdrant (service/qdrant_service.py)
+        searcher.index.on_call = metrics.observe_index_call
+        searcher.index.note("start", searcher.index.meta is not None)  # opened while Qdrant answered, or not
+        state.updater = QdrantUpdater(searcher, encoders, lambda index: on_swap(index, None))
+    else:
+        state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
+                                     lambda: load_index(settings, searcher.biencoder, torch.device(components.device),
+                                                        searcher.cmc),
+                                     settings.write_batch_wait_ms, on_swap, settings.index_poll_s,
+                                     settings.merge_policy(), on_check=state.cmc.check)
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)

@@ -119,7 +119,7 @@ class EmbeddingCache:
 def index_identity(index) -> str:
     """What names an index's content: its version number and the hash of its documents (ids and texts). A number
     alone does not: two servers sharing Redis can each reach version 7 with different documents."""
-    return f"v{index.version}:{index.manifest.corpus_hash[:16]}"
+    return index.identity()  # index/protocol.py: version + corpus hash locally, collection + write generation in Qdrant
 
 
 class ResultCache:

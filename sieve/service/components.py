@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 import sieve.stages  # noqa: F401 (registers the core stages)
-from sieve.index import SearchIndex
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.device import pick_device
 from sieve.models.precision_stages import lower_cmc, lower_cross_encoder, lower_query_tower
@@ -20,7 +19,7 @@ from sieve.pipeline import registry
 from sieve.pipeline.registry import LoadContext
 from sieve.pipeline.searcher import Searcher
 from sieve.service.config import Settings
-from sieve.service.runtime import searcher_options
+from sieve.service.runtime import load_index, searcher_options
 
 log = logging.getLogger("sieve")
 
@@ -97,9 +96,7 @@ def load_components(settings: Settings) -> Components:
         torch.set_num_threads(settings.torch_threads)
     device = pick_device(settings.device)
     biencoder = load_biencoder(settings, device)
-    index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
-                             dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
-                             nprobe=settings.nprobe, ef_search=settings.ef_search)
+    index = load_index(settings, biencoder, device)  # the local index, or a Qdrant collection
     models = load_stages(settings, device, biencoder, index)
     log.info("loaded index %s (%d docs, version %d) on %s; stages with models: %s", settings.index_dir, index.size,
              index.version, device, ", ".join(models) or "none")

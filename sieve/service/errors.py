@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sieve.index import IndexDiskFullError, UnknownDocumentError
+from sieve.index.errors import IndexUnavailableError
 from sieve.pipeline.errors import RequestError
 
 log = logging.getLogger("sieve")
@@ -57,6 +58,13 @@ async def on_disk_full(request: Request, exc: IndexDiskFullError) -> JSONRespons
                       allowed="retry once the index filesystem has space; nothing of this write was applied")
 
 
+async def on_index_unavailable(request: Request, exc: IndexUnavailableError) -> JSONResponse:
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_body(503, "index_unavailable", str(exc), headers={"Retry-After": "1"},
+                      allowed="retry once the index (Qdrant) answers again; a write that got this answer was not "
+                              "acknowledged")
+
+
 HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
               413: "body_too_large", 429: "rate_limited"}
 
@@ -76,5 +84,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestError, on_request_error)
     app.add_exception_handler(UnknownDocumentError, on_unknown_documents)
     app.add_exception_handler(IndexDiskFullError, on_disk_full)
+    app.add_exception_handler(IndexUnavailableError, on_index_unavailable)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

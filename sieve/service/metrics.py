@@ -49,6 +49,11 @@ class Metrics:
                         "adapted version.", registry=r)
         self.cmc_coverage = Gauge("sieve_cmc_adapted_coverage", "Share of the live index's documents the served "
                                   "adapted CMC was adapted on (0 when the CMC is not an adapted one).", registry=r)
+        # a Qdrant index (SIEVE_INDEX_BACKEND=qdrant): its calls by operation and outcome, and whether the last answered
+        self.index_backend_calls = Counter("sieve_index_backend_calls_total", "Calls to the Qdrant index by operation "
+                                           "and outcome (ok, error).", ["op", "outcome"], registry=r)
+        self.index_backend_up = Gauge("sieve_index_backend_up", "1 when the last call to the Qdrant index succeeded, "
+                                      "0 when it failed.", registry=r)
         for reason in ("unauthorized", "rate_limited", "overloaded", "too_large"):
             self.rejected.labels(reason=reason)  # exported at 0 from the start, so rate() has a series
 
@@ -72,6 +77,10 @@ class Metrics:
         """The served CMC (service/cmc_serving.py): its info now and after each swap, its coverage at scrape time."""
         self.cmc.info(served.info())
         self.cmc_coverage.set_function(served.coverage_fraction)
+
+    def observe_index_call(self, op: str, ok: bool) -> None:
+        self.index_backend_calls.labels(op=op, outcome="ok" if ok else "error").inc()
+        self.index_backend_up.set(1.0 if ok else 0.0)
 
     def set_index(self, index) -> None:
         self.index_size.set(index.size)

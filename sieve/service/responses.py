@@ -52,7 +52,7 @@ def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchR
             id=doc_id, rank=rank + 1, score=float(ranked[rank]),
             scores={k: score_or_none(v[rank]) for k, v in cands.scores.items()},
             document=docs[rank])
-        for rank, doc_id in enumerate(outcome.index.ids(cands.rows))
+        for rank, doc_id in enumerate(cands.ids if cands.ids is not None else outcome.index.ids(cands.rows))
     ]
     return schemas.SearchResponse(results=hits, timings_ms=dict(state.timings_ms),
                                   index_version=outcome.index_version, stages=list(state.ran),

@@ -120,8 +120,11 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
                                                             "rerank": rerank,
                                                             "server": caches.fingerprint}
     hit = None
+    # the index's identity read BEFORE the search keys both the look-up and the store: an answer computed while a
+    # write was being acknowledged is stored under the identity from before it, which that write ended
+    key = caches.results.key(key_params, searcher.index) if caches.results else None
     if caches.results and not fresh:
-        hit = caches.results.get(caches.results.key(key_params, searcher.index))
+        hit = caches.results.get(key)
     if hit:
         timings = {"total": (time.perf_counter() - started) * 1000}
         return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
@@ -131,8 +134,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put(caches.results.key(key_params, outcome.index),
-                           response.model_dump(exclude={"timings_ms", "cached"}))
+        caches.results.put(key, response.model_dump(exclude={"timings_ms", "cached"}))
     return response
 
 
@@ -204,6 +206,7 @@ def healthz():
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
     index, remote = components.searcher.index, components.searcher.remote_ce
+    index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,

@@ -19,7 +19,12 @@ def searcher_options(settings: Settings) -> dict:
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
-    """The live version of SIEVE_INDEX_DIR, checked against the bi-encoder (and a separate-mode CMC's store)."""
+    """The live version of SIEVE_INDEX_DIR, checked against the bi-encoder (and a separate-mode CMC's store); with
+    SIEVE_INDEX_BACKEND=qdrant, the Qdrant collection (service/qdrant_service.py)."""
+    if settings.index_backend == "qdrant":
+        from sieve.service.qdrant_service import open_qdrant
+
+        return open_qdrant(settings, biencoder)
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
                              nprobe=settings.nprobe, ef_search=settings.ef_search)

@@ -1,0 +1,314 @@
+"""The index as a Qdrant collection: index/protocol.py's contract on a distributed engine.
+
+Layout of collection NAME: one point per document, point id = a 63-bit hash of the document id (`point_id`), named
+vectors "dense" (the bi-encoder's, dot product) and one per extra store ("cmc", "mix"), the sparse vector "bm25"
+with Qdrant's IDF modifier (index/bm25_vectors.py), the payload {"id", "title", "text"}. Collection NAME__sieve
+holds one metadata point: the model identity, the analyzer and avgdl, the stores, and a write generation that every
+acknowledged write replaces (the result cache's key, so no cached answer outlives a write on any replica).
+
+Every write waits for Qdrant (`wait=true`) and is acknowledged only after Qdrant acknowledged it and the generation
+moved. Anything Qdrant does not answer, answers late or refuses is an IndexUnavailableError (HTTP 503); the client
+holds no connection state between calls, so the service recovers by itself when Qdrant is back.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .corpus import Document
+from .errors import IndexMismatchError, IndexUnavailableError, UnknownDocumentError
+from .lexical import LexicalConfig
+from .bm25_vectors import SparseBM25
+from .protocol import Hits
+
+log = logging.getLogger("sieve.index.qdrant")
+DENSE, SPARSE, META_POINT = "dense", "bm25", 0
+
+
+def point_id(doc_id: str) -> int:
+    """A document's point id: 63 bits of its blake2b (a collision among 1e6 ids has odds of about 1e-7)."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class QdrantConfig:
+    location: str  # http(s)://host:port, ":memory:" or a directory (the client's local mode)
+    collection: str = "sieve"
+    api_key: str | None = None
+    timeout_s: float = 2.0
+    prefer_grpc: bool = False
+    hnsw_ef: int | None = None  # search-time beam of Qdrant's HNSW (None: the collection's default)
+    exact: bool = False  # True: Qdrant searches exhaustively (recall 1, slower)
+
+    def client(self):
+        try:
+            from qdrant_client import QdrantClient
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError("the Qdrant backend needs qdrant-client: pip install 'sieve[qdrant]'") from exc
+
+        if self.location == ":memory:":
+            return QdrantClient(":memory:")
+        if self.location.startswith(("http://", "https://")):
+            return QdrantClient(url=self.location, api_key=self.api_key, timeout=self.timeout_s,
+                                prefer_grpc=self.prefer_grpc, check_compatibility=False)  # no call at start-up
+        return QdrantClient(path=self.location)
+
+
+class QdrantIndex:
+    """A Qdrant collection behind the IndexBackend contract. `client`: an existing client (tests, ":memory:")."""
+
+    returns_vectors = True
+
+    def __init__(self, config: QdrantConfig, client=None, *, on_call: Callable[[str, bool], None] | None = None):
+        self.config, self.name, self.meta_name = config, config.collection, f"{config.collection}__sieve"
+        self.client = client if client is not None else config.client()
+        self.on_call = on_call  # (operation, ok) for the service's metrics
+        self.meta: dict | None = None
+        self.expect: dict | None = None  # model identity the metadata must show (check_model)
+        self.size, self.version, self._lock = 0, 0, threading.Lock()
+        self._analyzer = None
+
+    # -- calls to Qdrant ------------------------------------------------------------------------------------
+    def call(self, op: str, fn: Callable[[], Any]) -> Any:
+        """Runs one client call; every failure of Qdrant or of the way to it is an IndexUnavailableError."""
+        try:
+            result = fn()
+        except (UnknownDocumentError, IndexMismatchError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - connection refused, timeout, 5xx, refused write, missing collection
+            self.note(op, False)
+            where = self.config.location if self.config.location.startswith("http") else "local mode"
+            raise IndexUnavailableError(f"the Qdrant index ({where}, collection {self.name!r}) failed on {op}: "
+                                        f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        self.note(op, True)
+        return result
+
+    def note(self, op: str, ok: bool) -> None:
+        if self.on_call is not None:
+            self.on_call(op, ok)
+
+    def load_meta(self, force: bool = False) -> dict:
+        if self.meta is not None and not force:
+            return self.meta
+        points = self.call("meta", lambda: self.client.retrieve(self.meta_name, ids=[META_POINT], with_payload=True))
+        if not points:
+            raise IndexUnavailableError(f"collection {self.meta_name!r} holds no Sieve metadata; build the "
+                                        "collection with `sieve index build --backend qdrant`")
+        meta = dict(points[0].payload)
+        self.check_identity(meta)
+        with self._lock:
+            self.meta, self.version = meta, int(meta["version"])
+            self._analyzer = None
+        return meta
+
+    def check_model(self, model_name: str | None, model_hash: str | None, dim: int | None) -> None:
+        """Refuse a collection built by another model, now and whenever the metadata is read again (a collection
+        built after the service started, or rebuilt under it)."""
+        self.expect = {"model_name": model_name, "model_hash": model_hash, "dim": dim}
+        self.load_meta(force=True)
+
+    def check_identity(self, meta: dict) -> None:
+        for key, want in (self.expect or {}).items():
+            if want is not None and meta.get(key) != want:
+                raise IndexMismatchError(f"Qdrant collection {self.name!r} was built with {key} {meta.get(key)!r}, "
+                                         f"this server has {want!r}; rebuild it with `sieve index build --backend "
+                                         "qdrant` and this model")
+
+    def refresh_size(self) -> int:
+        self.size = int(self.call("count", lambda: self.client.count(self.name, exact=True)).count)
+        return self.size
+
+    # -- contract: state ------------------------------------------------------------------------------------
+    @property
+    def has_lexical(self) -> bool:
+        return self.meta is None or self.meta.get("lexical") is not None  # unknown while Qdrant is down: assume so
+
+    def sparse(self) -> SparseBM25:
+        meta = self.load_meta()
+        return SparseBM25(LexicalConfig.from_dict(meta["lexical"]), float(meta["avgdl"]))
+
+    def analyzer(self):
+        if self._analyzer is None:
+            self._analyzer = self.sparse().analyzer()
+        return self._analyzer
+
+    def identity(self) -> str:
+        meta = self.load_meta(force=True)
+        return f"qdrant:{self.config.location}:{self.name}:{meta['generation']}"
+
+    def check_ready(self) -> None:
+        self.load_meta(force=True)
+        self.refresh_size()
+
+    def has_store(self, name: str) -> bool:
+        return name in (self.load_meta().get("stores") or {})
+
+    # -- contract: first stage ------------------------------------------------------------------------------
+    def dense_request(self, vector: np.ndarray, k: int):
+        from qdrant_client import models
+
+        params = models.SearchParams(hnsw_ef=self.config.hnsw_ef, exact=self.config.exact)
+        return models.QueryRequest(query=np.asarray(vector, dtype=np.float32).tolist(), using=DENSE, limit=max(k, 1),
+                                   with_payload=["id"], with_vector=[DENSE], params=params)
+
+    def sparse_request(self, query: str, k: int, rows: Sequence[int] | None = None):
+        from qdrant_client import models
+
+        dims, values = SparseBM25.query(self.analyzer(), query)
+        if not dims:
+            return None
+        where = None if rows is None else models.Filter(must=[models.HasIdCondition(has_id=[int(r) for r in rows])])
+        return models.QueryRequest(query=models.SparseVector(indices=dims, values=values), using=SPARSE,
+                                   limit=max(k, 1), with_payload=["id"], with_vector=[DENSE], filter=where)
+
+    def batch(self, requests: list) -> list[Hits]:
+        """Several scored lists in one round trip (None requests answer an empty list)."""
+        live = [r for r in requests if r is not None]
+        answers = iter(self.call("query", lambda: self.client.query_batch_points(self.name, requests=live))
+                       if live else [])
+        return [self.to_hits(next(answers).points) if r is not None else self.empty() for r in requests]
+
+    def to_hits(self, points) -> Hits:
+        dim = int(self.load_meta()["dim"])
+        vectors = np.asarray([p.vector[DENSE] for p in points], dtype=np.float32).reshape(len(points), dim)
+        return Hits([p.id for p in points], [p.score for p in points], [p.payload["id"] for p in points], vectors)
+
+    def empty(self) -> Hits:
+        return Hits([], [], [], np.empty((0, int(self.load_meta()["dim"])), np.float32))
+
+    def dense_hits(self, vector: np.ndarray, k: int) -> Hits:
+        return self.batch([self.dense_request(vector, k)])[0]
+
+    def lexical_hits(self, query: str, k: int) -> Hits:
+        return self.batch([self.sparse_request(query, k)])[0]
+
+    def both_hits(self, vector: np.ndarray, query: str, depth: int) -> tuple[Hits, Hits]:
+        dense, lexical = self.batch([self.dense_request(vector, depth), self.sparse_request(query, depth)])
+        return dense, lexical
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        lists = self.batch([self.dense_request(q, k) for q in np.asarray(queries, dtype=np.float32)])
+        n = min((len(h) for h in lists), default=0)
+        return (np.stack([h.scores[:n] for h in lists]) if lists else np.empty((0, n), np.float32),
+                np.stack([h.rows[:n] for h in lists]) if lists else np.empty((0, n), np.int64))
+
+    def search_lexical(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        hits = self.lexical_hits(query, k)
+        return hits.scores, hits.rows
+
+    def lexical_scores_of(self, query: str, rows: Sequence[int]) -> np.ndarray:
+        rows = [int(r) for r in rows]
+        out = np.zeros(len(rows), dtype=np.float32)
+        if not rows:
+            return out
+        hits = self.batch([self.sparse_request(query, len(rows), rows)])[0]
+        where = {r: i for i, r in enumerate(rows)}
+        for row, score in zip(hits.rows.tolist(), hits.scores.tolist()):
+            out[where[row]] = score
+        return out
+
+    # -- contract: by handle --------------------------------------------------------------------------------
+    def points(self, rows: Sequence[int], payload, vectors) -> list:
+        """The points of `rows` in that order; UnknownDocumentError for handles Qdrant does not hold."""
+        wanted = [int(r) for r in rows]
+        got = self.call("retrieve", lambda: self.client.retrieve(self.name, ids=list(dict.fromkeys(wanted)),
+                                                                   with_payload=payload, with_vectors=vectors))
+        found = {p.id: p for p in got}
+        missing = [r for r in wanted if r not in found]
+        if missing:
+            raise UnknownDocumentError([str(r) for r in missing], size=self.size)
+        return [found[r] for r in wanted]
+
+    def embeddings(self, rows: Sequence[int], store: str | None = None) -> np.ndarray:
+        name = store or DENSE
+        if store is not None and not self.has_store(store):
+            raise ValueError(f"unknown embedding store {store!r}; this collection has "
+                             f"{sorted(self.load_meta().get('stores') or {}) or 'no extra stores'}")
+        dim = int(self.load_meta()["dim"] if store is None else self.meta["stores"][store]["dim"])
+        points = self.points(rows, False, [name])
+        return np.asarray([p.vector[name] for p in points], dtype=np.float32).reshape(len(points), dim)
+
+    def documents(self, rows: Sequence[int]) -> list[Document]:
+        return [Document(p.payload["id"], p.payload.get("title", ""), p.payload.get("text", ""))
+                for p in self.points(rows, True, False)]
+
+    def ids(self, rows: Sequence[int]) -> list[str]:
+        return [p.payload["id"] for p in self.points(rows, ["id"], False)]
+
+    def rows_for_ids(self, ids: Sequence[str]) -> list[int]:
+        rows = [point_id(i) for i in ids]
+        got = self.call("retrieve", lambda: self.client.retrieve(self.name, ids=list(dict.fromkeys(rows)),
+                                                                   with_payload=["id"], with_vectors=False))
+        held = {p.id for p in got}
+        unknown = [i for i, r in zip(ids, rows) if r not in held]
+        if unknown:
+            raise UnknownDocumentError(list(dict.fromkeys(unknown)), size=self.size)
+        return rows
+
+    def has_id(self, doc_id: str) -> bool:
+        return bool(self.call("retrieve", lambda: self.client.retrieve(self.name, ids=[point_id(doc_id)],
+                                                                         with_payload=False, with_vectors=False)))
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001 - closing a client of an unreachable server
+            log.debug("closing the Qdrant client failed", exc_info=True)
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def point_structs(self, docs: Sequence[Document], vectors: dict[str, np.ndarray]) -> list:
+        from qdrant_client import models
+
+        sparse = self.sparse().documents(self.analyzer(), [d.full_text for d in docs]) if self.meta.get("lexical") \
+            else [([], [])] * len(docs)
+        points = []
+        for i, (doc, (dims, values)) in enumerate(zip(docs, sparse)):
+            named: dict = {(DENSE if store == "primary" else store): array[i].tolist() for store, array in vectors.items()}
+            if self.meta.get("lexical"):  # empty too: Qdrant's IDF counts only points that have the sparse vector
+                named[SPARSE] = models.SparseVector(indices=dims, values=values)
+            points.append(models.PointStruct(id=point_id(doc.id), vector=named,
+                                             payload={"id": doc.id, "title": doc.title, "text": doc.text}))
+        return points
+
+    def upsert(self, docs: Sequence[Document], vectors: dict[str, np.ndarray], batch: int = 256,
+               progress: Callable[[int], None] | None = None, announce: bool = True) -> None:
+        """Writes the documents (vectors by store: "primary", "cmc", ...), each batch waited for, then moves the
+        generation (`announce`; a build writes the metadata itself). Returns only when Qdrant acknowledged it all."""
+        if announce:
+            self.load_meta()
+        expected = {"primary", *(self.meta.get("stores") or {})}
+        if set(vectors) != expected:
+            raise ValueError(f"this collection needs vectors for {sorted(expected)}, got {sorted(vectors)}")
+        for start in range(0, len(docs), batch):
+            points = self.point_structs(docs[start:start + batch], {k: v[start:start + batch] for k, v in vectors.items()})
+            self.call("upsert", lambda: self.client.upsert(self.name, points=points, wait=True))
+            if progress:
+                progress(len(points))
+        if announce:
+            self.bump()
+
+    def delete(self, doc_ids: Sequence[str]) -> None:
+        from qdrant_client import models
+
+        rows = self.rows_for_ids(doc_ids)  # 404 for ids not held
+        self.call("delete", lambda: self.client.delete(self.name, points_selector=models.PointIdsList(points=rows),
+                                                       wait=True))
+        self.bump()
+
+    def bump(self) -> None:
+        """A new generation (and version) after a write: cached answers keyed by the old one are never served
+        again. Replicas racing here both write a fresh random generation, so each of their writes ends old keys."""
+        meta = self.load_meta(force=True)
+        update = {"version": int(meta["version"]) + 1, "generation": secrets.token_hex(8), "written_at": time.time()}
+        self.call("meta", lambda: self.client.set_payload(self.meta_name, payload=update, points=[META_POINT], wait=True))
+        with self._lock:
+            self.meta = {**meta, **update}
+            self.version = update["version"]
+        self.refresh_size()

@@ -1,0 +1,86 @@
+"""The service on a Qdrant collection (SIEVE_INDEX_BACKEND=qdrant): opening it, and the writer behind
+POST /documents and DELETE /documents/{id}.
+
+Writes go straight through to Qdrant with `wait=true`, one at a time per process (sieve/index/qdrant_backend.py);
+a write is acknowledged only after Qdrant acknowledged it and the collection's generation moved, so the next
+search (here or on any replica) sees it and no cached answer from before it is served again. A failed write
+answers 503 and acknowledges nothing (a retry of the same upsert is idempotent: point ids come from document ids).
+Started while Qdrant is down, the service is up but not ready (/readyz 503) and answers 503 until Qdrant is back.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from starlette.exceptions import HTTPException
+
+from sieve.index import Document, IndexMismatchError
+from sieve.index.encoder import checked_embeddings
+from sieve.index.errors import IndexUnavailableError
+from sieve.index.qdrant_backend import QdrantIndex
+from sieve.service.config import Settings
+
+log = logging.getLogger("sieve.qdrant")
+
+
+def open_qdrant(settings: Settings, biencoder) -> QdrantIndex:
+    """The collection, checked against the bi-encoder when Qdrant answers; a down Qdrant is logged, not fatal."""
+    index = QdrantIndex(settings.qdrant_config())
+    try:
+        index.check_model(settings.model_name, biencoder.weights_hash, biencoder.dim)
+        index.refresh_size()
+    except IndexUnavailableError as exc:
+        log.warning("Qdrant is not answering yet (%s); /readyz says not ready until it does", exc)
+    return index
+
+
+class QdrantUpdater:
+    """The same calls as service/updates.py's IndexUpdater, on a Qdrant collection. `encoders`: the bi-encoder
+    ("primary") and every store a loaded stage can encode; a write encodes the stores the collection holds."""
+
+    def __init__(self, searcher, encoders: dict, on_write=None):
+        self.searcher, self.encoders, self.on_write = searcher, encoders, on_write
+        self.lock = threading.Lock()  # one write at a time: the generation is read, then replaced
+
+    @property
+    def index(self) -> QdrantIndex:
+        return self.searcher.index
+
+    def vectors(self, docs: list[Document]) -> dict:
+        stores = ["primary", *(self.index.load_meta().get("stores") or {})]
+        missing = [s for s in stores if s not in self.encoders]
+        if missing:
+            raise HTTPException(409, f"the collection holds vectors of {missing}, which this server cannot encode "
+                                     "(load the stage that owns them)")
+        texts = [d.full_text for d in docs]
+        return {s: checked_embeddings(self.encoders[s], texts, progress=False) for s in stores}
+
+    def result(self, upserted: int = 0, deleted: list[str] | None = None) -> dict:
+        if self.on_write:
+            self.on_write(self.index)
+        return {"index_version": self.index.version, "index_size": self.index.size, "upserted": upserted,
+                "deleted": deleted or []}
+
+    def upsert(self, docs: list[Document]) -> dict:
+        vectors = self.vectors(docs)  # encoded before the lock: writes encode in parallel, write one by one
+        with self.lock:
+            try:
+                self.index.upsert(docs, vectors)
+            except IndexMismatchError as exc:
+                raise HTTPException(409, f"the collection cannot take this write: {exc}") from exc
+            return self.result(upserted=len(docs))
+
+    def delete(self, doc_id: str) -> dict:
+        with self.lock:
+            self.index.delete([doc_id])  # UnknownDocumentError (404) when the id is not held
+            return self.result(deleted=[doc_id])
+
+    def reload(self) -> dict:
+        """Nothing to swap: every search reads Qdrant; re-read the metadata and size."""
+        before = self.index.version
+        self.index.check_ready()
+        return {"index_version": self.index.version, "previous_version": before, "index_size": self.index.size,
+                "changed": self.index.version != before}
+
+    def close(self) -> None:
+        pass
