@@ -17,6 +17,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+from .layout import fsync_dir
+
 ADAPTED = "adapted"
 DOCUMENTS = "documents.txt"
 KEEP = 2
@@ -61,15 +63,7 @@ def _fsync_tree(path: Path) -> None:
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         with open(file, "rb") as handle:
             os.fsync(handle.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def _existing(root: Path) -> list[int]:
@@ -89,7 +83,7 @@ def publish(index_dir: str | Path, work_dir: Path) -> Path:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, root / "CURRENT")
-    _fsync_dir(root)
+    fsync_dir(root)
     for old in _existing(root)[:-KEEP]:
         shutil.rmtree(root / f"a{old:06d}", ignore_errors=True)
     for stale in root.glob(".tmp-*"):
