@@ -33,7 +33,8 @@ class InProcessBackend:
     def search(self, params: SearchParams) -> QueryResult:
         outcome = self.searcher.search(params)
         cands = outcome.candidates  # a Qdrant index returns the ids with the candidates
-        ids = cands.ids if cands.ids is not None else outcome.index.ids(cands.rows)
+        index = outcome.index if outcome.index is not None else self.searcher.index  # the version that answered
+        ids = cands.ids if cands.ids is not None else index.ids(cands.rows)
         ce = outcome.candidates.scores.get("ce")
         scored = {} if ce is None else {i: float(s) for i, s in zip(ids, ce) if not math.isnan(s)}
         pairs = sum(outcome.state.counts.get(spec.name, 0) for spec in registry.stages(registry.CROSS_ENCODER))
