@@ -86,13 +86,13 @@ def adapt(args, settings) -> int:
     import torch
 
     from sieve import checkpoints
-    from sieve.index import SearchIndex
     from sieve.index.adapted import adapted_dir
     from sieve.index.lexical import Analyzer
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
     from sieve.pipeline.searcher import Searcher
     from sieve.service.components import load_biencoder
+    from sieve.index import SearchIndex
     from sieve.service.runtime import searcher_options
     from sieve.training.adapt import evaluate, train, verdict
     from sieve.training.adapt_data import mine
@@ -103,7 +103,7 @@ def adapt(args, settings) -> int:
     cfg = config_of(args)
     biencoder = load_biencoder(settings, pick_device(settings.device))
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
-                             dim=biencoder.dim)
+                             dim=biencoder.dim)  # the local index it publishes next to, whatever the backend served
     if index.size < MIN_DOCUMENTS:
         log(f"cannot adapt: the index holds {index.size} documents; `sieve adapt` needs at least {MIN_DOCUMENTS} "
             "(some are held out to check the model)")
@@ -115,7 +115,8 @@ def adapt(args, settings) -> int:
     docs, ids = index.documents(rows), index.ids(rows)
     work = adapted_dir(settings.index_dir) / ".work"
     mining = ("generator", "per_doc", "max_queries", "heldout", "heldout_max", "k", "seed")
-    plan = {"corpus": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "version": index.version,
+    corpus = hashlib.sha256("\n".join(ids).encode()).hexdigest()
+    plan = {"corpus": corpus, "version": index.version,
             "mining": {k: getattr(cfg, k) for k in mining}}  # training settings have their own state below
     if args.fresh or not (work / "plan.json").is_file() or json.loads((work / "plan.json").read_text()) != plan:
         shutil.rmtree(work, ignore_errors=True)
@@ -130,8 +131,9 @@ def adapt(args, settings) -> int:
     held = set(order[:n_held].tolist())
     stats = TermStats(Analyzer(settings.lexical_config()), docs)
     queries = generate(cfg.generator, docs, order.tolist(), stats, cfg.per_doc, cfg.seed)[:cfg.max_queries]
+    shape = query_stats([q.text for q in queries], [[q.source] for q in queries], stats, [q.rest for q in queries])
     log(f"{len(queries)} pseudo-queries ({cfg.generator}) from {index.size} documents, {n_held} documents held out; "
-        f"{query_stats([q.text for q in queries], [[q.source] for q in queries], stats, [q.rest for q in queries])}")
+        f"{shape}")
     searcher = Searcher(biencoder, index, **searcher_options(settings))
     try:
         lists = mine(searcher, queries, min(cfg.k, index.size), work, began + 0.5 * args.minutes * 60,
@@ -163,7 +165,7 @@ def adapt(args, settings) -> int:
     summary = {"command": getattr(args, "command_line", None) or shlex.join(["sieve", *sys.argv[1:]]), "index_version": index.version,
                "documents": index.size, "heldout_documents": n_held, "pseudo_queries": len(queries),
                "lists": {"train": len(train_lists), "heldout": len(held_lists)},
-               "query_stats": query_stats([q.text for q in queries], [[q.source] for q in queries], stats, [q.rest for q in queries]),
+               "query_stats": shape,
                "metrics": metrics, "best_step": record["best_step"], "steps": record["step"],
                "history": record["history"], "config": record["config"],
                "wall_s": round(time.monotonic() - began, 1)}
@@ -172,7 +174,7 @@ def adapt(args, settings) -> int:
         log(f"NOT INSTALLED: {refused}; the server keeps the CMC it serves now (report: {work / 'report.json'})")
         (work / "report.json").write_text(json.dumps({**summary, "not_installed": refused}, indent=2))
         return EXIT_NOT_INSTALLED
-    path = install(settings.index_dir, model, biencoder, ids, summary, cfg)
+    path = install(settings.index_dir, model, biencoder, ids, corpus, summary, cfg)
     for done in ([work] if not args.keep_lists else list(work.glob("train-*"))):
         shutil.rmtree(done, ignore_errors=True)
     print(json.dumps({"installed": str(path), "heldout_mrr@10": held_m, "wall_s": summary["wall_s"],
@@ -182,7 +184,7 @@ def adapt(args, settings) -> int:
     return 0
 
 
-def install(index_dir: Path, model, biencoder, ids: list[str], summary: dict, cfg) -> Path:
+def install(index_dir: Path, model, biencoder, ids: list[str], corpus_hash: str, summary: dict, cfg) -> Path:
     """Writes the checkpoint, its documents list, report and model card, then makes it the index's live CMC."""
     from datetime import datetime, timezone
 
@@ -191,7 +193,7 @@ def install(index_dir: Path, model, biencoder, ids: list[str], summary: dict, cf
     from sieve.training.adapt_card import model_card
 
     out = new_work_dir(index_dir)
-    adapted = {"corpus_hash": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "documents": len(ids),
+    adapted = {"corpus_hash": corpus_hash, "documents": len(ids),
                "generator": cfg.generator, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "index_version": summary["index_version"]}
     bundle = CMCBundle(model.cfg, model, biencoder, None, f"cmc-adapted-{cfg.generator}", biencoder.weights_hash)

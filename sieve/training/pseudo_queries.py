@@ -49,14 +49,14 @@ class TermStats:
         self.doc_terms = analyzer.terms([d.full_text for d in docs])
         self.df = Counter(t for terms in self.doc_terms for t in set(terms))
         self.n = max(len(docs), 1)
+        self.avgdl = max(sum(map(len, self.doc_terms)) / self.n, 1e-9)
 
     def idf(self, term: str) -> float:
         return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
 
     def bm25(self, query: str, text: str) -> float:
         """Lucene BM25 of `text` as one document of this corpus (its statistics), as the index scores."""
-        k1, b = self.analyzer.config.k1, self.analyzer.config.b
-        avgdl = max(sum(map(len, self.doc_terms)) / self.n, 1e-9)
+        k1, b, avgdl = self.analyzer.config.k1, self.analyzer.config.b, self.avgdl
         terms = Counter(self.analyzer.terms([text])[0])
         length = sum(terms.values())
         return float(sum(times * self.idf(t) * terms[t] / (terms[t] + k1 * (1 - b + b * length / avgdl))

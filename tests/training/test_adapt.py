@@ -139,7 +139,7 @@ def test_install_publishes_a_loadable_cmc(index, biencoder):
                "steps": 100, "history": [], "config": {**cfg.__dict__}, "wall_s": 1.0,
                "metrics": {"heldout_documents": metrics, "training_documents": metrics}}
     ids = [f"d{i}" for i in range(60)]
-    path = install(index, model, biencoder, ids, summary, cfg)
+    path = install(index, model, biencoder, ids, "sha", summary, cfg)
     assert current_adapted(index) == path
     assert adapted_documents(path) == set(ids)
     bundle = load_cmc(path, biencoder)
@@ -149,7 +149,7 @@ def test_install_publishes_a_loadable_cmc(index, biencoder):
     assert config["metadata"]["adapted"]["documents"] == 60
     card = (path / "model_card.md").read_text()
     assert "0.6000" in card and "held out" in card
-    second = install(index, model, biencoder, ids, summary, cfg)
+    second = install(index, model, biencoder, ids, "sha", summary, cfg)
     assert current_adapted(index) == second != path
 
 
