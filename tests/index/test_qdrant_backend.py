@@ -59,7 +59,7 @@ def test_a_delete_is_gone_from_every_read(built):
 def test_a_write_qdrant_refuses_acknowledges_nothing(built):
     index, encoder = built
     version, generation = index.version, index.identity()
-    index.client.delete_collection(index.name)  # the collection disappears under the service
+    index.engine.drop(index.name)  # the collection disappears under the service
     doc = Document("lost-1", "", "refused")
     with pytest.raises(IndexUnavailableError, match="failed on upsert"):
         index.upsert([doc], vectors_of(encoder, [doc]))
