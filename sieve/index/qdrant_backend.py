@@ -286,8 +286,8 @@ class QdrantIndex:
                progress: Callable[[int], None] | None = None, announce: bool = True) -> None:
         """Writes the documents (vectors by store: "primary", "cmc", ...), each batch waited for, then moves the
         generation (`announce`; a build writes the metadata itself). Returns only when Qdrant acknowledged it all."""
-        if announce:
-            self.load_meta()
+        if announce:  # read now: a collection rebuilt by another model is refused before anything is written
+            self.load_meta(force=True)
         expected = {"primary", *(self.meta.get("stores") or {})}
         if set(vectors) != expected:
             raise ValueError(f"this collection needs vectors for {sorted(expected)}, got {sorted(vectors)}")
@@ -300,6 +300,7 @@ class QdrantIndex:
             self.bump()
 
     def delete(self, doc_ids: Sequence[str]) -> None:
+        self.load_meta(force=True)  # as upsert: refuse a collection of another model before writing
         rows = self.rows_for_ids(doc_ids)  # 404 for ids not held
         self.call("delete", lambda e: e.delete(self.name, rows))
         self.bump()
