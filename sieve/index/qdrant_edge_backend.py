@@ -9,9 +9,9 @@ is locked by the process that opened it, so one process serves a directory at a 
 the HNSW graph) once loaded.
 
 BM25's IDF is computed over the live points that hold the sparse vector (`IdfParams(corpus=Filter())`), as the
-client's local mode computes it. Edge 0.9.0's default (collection-wide) IDF differs: it counts only points whose
-sparse vector is non-empty, and it goes on counting deleted points in an appendable segment (observed here, see
-docs/index.md), so BM25 scores would drift from the local index after deletes.
+client's local mode computes it. Edge 0.9.0's default (collection-wide) IDF differs: N counts only points whose
+sparse vector is non-empty, and after deletes its statistics lag until a later upsert (observed here, see
+docs/index.md), so BM25 scores would drift from the local index's.
 """
 from __future__ import annotations
 
