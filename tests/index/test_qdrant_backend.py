@@ -155,3 +155,39 @@ def test_an_edge_write_survives_a_reopen(tmp_path):
     assert (again.version, again.size) == (version, 10)
     assert again.documents(again.rows_for_ids(["kept"])) == [doc] and not again.has_id("d0")
     again.close()
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from sieve.index import Document
+from sieve.index.qdrant_backend import QdrantConfig, QdrantIndex
+from tests.index.conftest import FakeEncoder
+index, encoder = QdrantIndex(QdrantConfig(sys.argv[1], "t", engine="edge")), FakeEncoder()
+for i in range(20):
+    doc = Document(f"acked-{i}", "", f"zanzibar clove number{i}")
+    index.upsert([doc], {"primary": encoder.encode_documents([doc.full_text], progress=False)})
+    print(doc.id, flush=True)  # acknowledged
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no flush: the process dies as a crashed server would
+"""
+
+
+def test_edge_writes_acknowledged_before_a_kill_are_all_there(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = QdrantConfig(str(tmp_path / "qdrant"), "t", engine="edge")
+    build_qdrant(make_docs(10), {"primary": FakeEncoder()}, config, progress=False).close()
+    run = subprocess.run([sys.executable, "-c", KILLED_WRITER, config.location], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    acked = run.stdout.split()
+    assert len(acked) == 20
+    index = QdrantIndex(config)
+    try:
+        assert all(index.has_id(doc_id) for doc_id in acked)
+        assert index.refresh_size() == 30
+        assert set(index.lexical_hits("zanzibar clove", 30).ids) == set(acked)
+    finally:
+        index.close()
