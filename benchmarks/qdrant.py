@@ -3,14 +3,19 @@
 quality: nDCG@10 of be, bm25, hybrid and the default pipeline (hybrid+cmc, the shipped cmc-fusion) through the local
   index and through a Qdrant collection (the client's local mode, in process), same bi-encoder vectors (one
   embedding cache) and the same analyzer.
-rows (--sizes): per backend and size, `Searcher.search` p50 / p95 and QPS (one client, in process: the /search
-  pipeline without HTTP) for be (rerank none) and hybrid+cmc over SYNTHETIC documents (random unit vectors,
-  texts of random words from the split's corpus: labelled "synthetic" in the JSON), the median one-document write
-  (local: a new index version on disk; Qdrant: upsert + generation, wait=true), and the dense recall@512 against
-  the exact inner-product top 512. No Qdrant server runs here: "qdrant-local" is the client's local mode (exact,
-  pure Python), whose latencies say nothing of a Qdrant server's; qdrant-edge is not measured (see docs/index.md).
+rows (--sizes, --row-backends): per backend and size, `Searcher.search` p50 / p95 and QPS (one client, in process:
+  the /search pipeline without HTTP) for be (rerank none) and hybrid+cmc over SYNTHETIC documents (random unit
+  vectors, texts of random words from the split's corpus: labelled "synthetic" in the JSON), the build time, the
+  median one-document write (local: a new index version on disk; Qdrant: upsert + generation, acknowledged), and
+  the dense recall@512 against the exact inner-product top 512. No Qdrant server runs here: "qdrant-local" is the
+  client's local mode (exact, pure Python; --local-mode-queries caps its timed and recall queries, it is too slow
+  for more at 100k), whose latencies say nothing of a server's; "qdrant-edge" is qdrant-edge-py (Qdrant's Rust
+  shard engine in process, HNSW built by `optimize()` after the load).
+--merge: rows replace those of the same backend and size in --out, the rest of --out (quality rows) is kept; the
+  file is written after every row, so a run stopped part-way keeps what it measured.
 Usage:
   python benchmarks/qdrant.py --data ../shared/data/scifact --sizes 10000 100000 --out benchmarks/results/qdrant.json
+  python benchmarks/qdrant.py --data ../shared/data/scifact --skip-quality --sizes 10000 100000 --merge
 """
 from __future__ import annotations
 
@@ -123,32 +128,53 @@ def write_latency(write, n: int = 10) -> float:
     return round(float(np.median(times)), 2)
 
 
-def size_rows(n: int, words: list[str], queries: list[str], biencoder, workdir: Path, n_queries: int) -> list[dict]:
+def built(name: str, n: int, docs, encoder, workdir: Path):
+    """(index, write one document) for a row's backend."""
+    if name == "local":
+        where = workdir / f"local-{n}"
+        build_index(docs, encoder, where, cache_dir=None, progress=False)
+        return SearchIndex.load(where), lambda d: apply_changes(where, [d], [], {"primary": encoder})
+    config = QdrantConfig(":memory:", f"s{n}") if name == "qdrant-local" else \
+        QdrantConfig(str(workdir / f"edge-{n}"), f"s{n}", engine="edge")
+    index = build_qdrant(docs, {"primary": encoder}, config, progress=False, batch=1024)
+    return index, lambda d: index.upsert([d], {"primary": encoder.encode_documents([d.full_text])})
+
+
+def size_rows(n: int, words: list[str], queries: list[str], biencoder, workdir: Path, n_queries: dict[str, int],
+              backends: list[str], on_row) -> None:
     docs, vectors = synthetic(n, words, biencoder.dim)
     encoder = Precomputed([d.full_text for d in docs], vectors, biencoder)
     cmc = load_cmc(checkpoints.shipped(checkpoints.CMC), biencoder)
     qvecs = unit(np.random.default_rng(2).standard_normal((50, biencoder.dim)))
-    rows = []
-    local_dir = workdir / f"local-{n}"
-    build_index(docs, encoder, local_dir, cache_dir=None, progress=False)
-    qdrant = build_qdrant(docs, {"primary": encoder}, QdrantConfig(":memory:", f"s{n}"), progress=False, batch=1024)
-    for name, index in (("local", SearchIndex.load(local_dir)), ("qdrant-local", qdrant)):
-        searcher = Searcher(biencoder, index, cmc=cmc)
-        row = {"backend": name, "docs": n, "corpus": "synthetic (random unit vectors, random corpus words)"}
-        row["be"] = timed_searches(searcher, queries[:n_queries], {"retriever": "be", "rerank": "none", "top_k": 10})
-        row["hybrid+cmc"] = timed_searches(searcher, queries[:n_queries], {"retriever": "hybrid", "rerank": "cmc",
-                                                                           "top_k": 10})
-        row["recall@512"] = recall_at(index, vectors, qvecs)
+    for name in backends:
+        started = time.perf_counter()
+        index, write = built(name, n, docs, encoder, workdir)
+        row = {"backend": name, "docs": n, "corpus": "synthetic (random unit vectors, random corpus words)",
+               "build_s": round(time.perf_counter() - started, 1)}
+        searcher, some = Searcher(biencoder, index, cmc=cmc), queries[:n_queries[name]]
+        row["be"] = timed_searches(searcher, some, {"retriever": "be", "rerank": "none", "top_k": 10})
+        row["hybrid+cmc"] = timed_searches(searcher, some, {"retriever": "hybrid", "rerank": "cmc", "top_k": 10})
+        row["recall@512"] = recall_at(index, vectors, qvecs[:n_queries[name]])
+        row["recall_queries"] = len(qvecs[:n_queries[name]])
         searcher.close()
         if name == "local":
+            index.close()  # a write is a new version on disk, written by apply_changes
+        row["write_one_ms"] = write_latency(write)
+        if name != "local":
             index.close()
-            row["write_one_ms"] = write_latency(lambda d: apply_changes(local_dir, [d], [], {"primary": encoder}))
-        else:
-            row["write_one_ms"] = write_latency(lambda d: qdrant.upsert([d], {"primary": encoder.encode_documents(
-                [d.full_text])}))
-        rows.append(row)
-        print(json.dumps(row))
-    return rows
+        print(json.dumps(row), flush=True)
+        on_row(row)
+
+
+def merged(old: dict | None, run: dict) -> dict:
+    """This run's results over an earlier file's (rows keyed by backend and size; None: this run's alone)."""
+    if old is None:
+        return run
+    fresh = {(r["backend"], r["docs"]) for r in run["rows"]}
+    kept = [r for r in old.get("rows", []) if (r["backend"], r["docs"]) not in fresh]
+    commands = old.get("commands", [old["command"]] if "command" in old else [])
+    return {**old, "machine_at_rows": run["machine"], "commands": [*commands, run["command"] + "  (rows)"],
+            "quality": run["quality"] or old.get("quality", []), "rows": kept + run["rows"]}
 
 
 def main() -> None:
@@ -157,6 +183,11 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "sieve")
     parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=100, help="timed queries per row")
+    parser.add_argument("--local-mode-queries", type=int, default=10,
+                        help="timed and recall queries of the qdrant-local rows (pure Python: seconds per query at 100k)")
+    parser.add_argument("--row-backends", nargs="+", default=["local", "qdrant-edge", "qdrant-local"],
+                        choices=["local", "qdrant-edge", "qdrant-local"])
+    parser.add_argument("--merge", action="store_true", help="keep what --out holds that this run does not measure")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--max-queries", type=int, help="quality on a seeded sample of the judged test queries")
     parser.add_argument("--backends", nargs="+", default=["local", "qdrant"], choices=["local", "qdrant"],
@@ -166,18 +197,25 @@ def main() -> None:
     biencoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2",
                                             lengths=EncoderLengths(64, 256))
     out = {"machine": machine(), "command": " ".join(sys.argv), "quality": [], "rows": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    before = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
+
+    def save(row: dict | None = None) -> None:
+        out["rows"] += [row] if row else []
+        args.out.write_text(json.dumps(merged(before, out), indent=1) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_quality:
             out["quality"] = quality(args.data, args.cache_dir, biencoder, Path(tmp), args.max_queries,
                                      args.backends)
             print(json.dumps(out["quality"], indent=1))
+            save()
         corpus = read_beir_corpus(args.data / "corpus.jsonl")
         words = sorted({w for d in corpus[:2000] for w in d.full_text.lower().split() if w.isalpha()})
         queries = list(load_split(args.data, "test").queries.values())
+        n_queries = {"local": args.queries, "qdrant-edge": args.queries, "qdrant-local": args.local_mode_queries}
         for n in args.sizes:
-            out["rows"] += size_rows(n, words, queries, biencoder, Path(tmp), args.queries)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+            size_rows(n, words, queries, biencoder, Path(tmp), n_queries, args.row_backends, save)
     print(f"wrote {args.out}")
 
 

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--corpus", required=True, type=Path)
     build.add_argument("--out", type=Path, help="index directory (the local backend)")
     add_backend_args(build)
-    build.add_argument("--recreate", action="store_true", help="--backend qdrant: replace an existing collection")
+    build.add_argument("--recreate", action="store_true", help="--backend qdrant(-edge): replace an existing collection")
     build.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     build.add_argument("--faiss", choices=["auto", "flat", "ivf", "hnsw"], default="auto",
                        help="auto = exact below SIEVE_ANN_MIN_ROWS rows per segment, IVF above; flat = always exact")
@@ -90,15 +90,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=["local", "qdrant"], help="where the index lives (SIEVE_INDEX_BACKEND)")
+    parser.add_argument("--backend", choices=["local", "qdrant", "qdrant-edge"],
+                        help="where the index lives (SIEVE_INDEX_BACKEND)")
     parser.add_argument("--qdrant-url", help="Qdrant server URL, directory or :memory: (SIEVE_QDRANT_URL)")
+    parser.add_argument("--qdrant-edge-path", type=Path, help="--backend qdrant-edge: the shards' directory "
+                                                               "(SIEVE_QDRANT_EDGE_PATH)")
     parser.add_argument("--collection", help="Qdrant collection (SIEVE_QDRANT_COLLECTION)")
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     given = {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
              "port": getattr(args, "port", None), "index_backend": getattr(args, "backend", None),
-             "qdrant_url": getattr(args, "qdrant_url", None), "qdrant_collection": getattr(args, "collection", None)}
+             "qdrant_url": getattr(args, "qdrant_url", None), "qdrant_collection": getattr(args, "collection", None),
+             "qdrant_edge_path": getattr(args, "qdrant_edge_path", None)}
     return Settings(**{k: v for k, v in given.items() if v is not None})
 
 
@@ -153,7 +157,7 @@ def cmd_build_qdrant(args, settings: Settings, found: dict) -> None:
     layout = Layout(settings.qdrant_shards, settings.qdrant_replicas, settings.qdrant_write_consistency)
     index = build_qdrant(read_beir_corpus(args.corpus), found, settings.qdrant_config(), lexical=lexical_of(args, settings),
                          layout=layout, cache_dir=settings.cache_dir, recreate=args.recreate)
-    print(json.dumps({"qdrant": settings.qdrant_url, "collection": index.name, "count": index.size,
+    print(json.dumps({"qdrant": index.config.location, "collection": index.name, "count": index.size,
                       "version": index.version, "lexical": index.meta["lexical"]}))
     index.close()
 
@@ -162,7 +166,7 @@ def cmd_build(args, settings: Settings) -> None:
     from sieve.index import build_index, read_beir_corpus
 
     found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
-    if settings.index_backend == "qdrant":
+    if settings.on_qdrant:
         return cmd_build_qdrant(args, settings, found)
     args.out = needs_dir(args.out, "--out")
     params = {"nlist": args.nlist} if args.faiss == "ivf" and args.nlist else {"M": args.hnsw_m} if args.faiss == "hnsw" else {}
@@ -187,7 +191,7 @@ def lexical_of(args, settings: Settings):
 def cmd_add(args, settings: Settings) -> None:
     from sieve.index import add_documents, read_beir_corpus
 
-    if settings.index_backend == "qdrant":  # written through, acknowledged by Qdrant (wait=true)
+    if settings.on_qdrant:  # written through, acknowledged by Qdrant (wait=true)
         index, docs = qdrant_index(settings), read_beir_corpus(args.corpus)
         index.upsert(docs, qdrant_encoded(index, docs, encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)))
         return print(json.dumps({"collection": index.name, "count": index.size, "version": index.version}))
@@ -212,7 +216,7 @@ def cmd_add_store(args, settings: Settings) -> None:
 def cmd_delete(args, settings: Settings) -> None:
     from sieve.index import delete_documents
 
-    if settings.index_backend == "qdrant":
+    if settings.on_qdrant:
         index = qdrant_index(settings)
         index.delete(args.ids)
         return print(json.dumps({"collection": index.name, "count": index.size, "version": index.version}))

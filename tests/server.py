@@ -32,8 +32,9 @@ MINIMAL_MODELS = {"SIEVE_CMC_PATH": "untrained", "SIEVE_CROSS_ENCODER_ENABLED": 
 
 class Server:
     def __init__(self, env: dict[str, str], log_path: Path, timeout_s: float = 900, shipped_models: bool = False,
-                 cwd: Path = REPO):
-        """`cwd`: the tree whose `sieve` is served (`python -m` imports from the working directory first)."""
+                 cwd: Path = REPO, until: str = "/readyz"):
+        """`cwd`: the tree whose `sieve` is served (`python -m` imports from the working directory first); `until`:
+        the path that must answer 200 before the server counts as started (/healthz: up, though maybe not ready)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -42,15 +43,15 @@ class Server:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "serve"], cwd=cwd, env=full_env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, until)
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, until: str = "/readyz") -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{until}", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

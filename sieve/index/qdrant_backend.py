@@ -1,4 +1,6 @@
-"""The index as a Qdrant collection: index/protocol.py's contract on a distributed engine.
+"""The index as a Qdrant collection: index/protocol.py's contract on Qdrant's engine, reached through
+index/qdrant_engine.py (qdrant-client: a server or the client's local mode) or index/qdrant_edge_backend.py
+(qdrant-edge-py: the shard engine in process).
 
 Layout of collection NAME: one point per document, point id = a 63-bit hash of the document id (`point_id`), named
 vectors "dense" (the bi-encoder's, dot product) and one per extra store ("cmc", "mix"), the sparse vector "bm25"
@@ -7,8 +9,10 @@ holds one metadata point: the model identity, the analyzer and avgdl, the stores
 acknowledged write replaces (the result cache's key, so no cached answer outlives a write on any replica).
 
 Every write waits for Qdrant (`wait=true`) and is acknowledged only after Qdrant acknowledged it and the generation
-moved. Anything Qdrant does not answer, answers late or refuses is an IndexUnavailableError (HTTP 503); the client
-holds no connection state between calls, so the service recovers by itself when Qdrant is back.
+moved. Anything Qdrant does not answer, answers late or refuses is an IndexUnavailableError (HTTP 503). The engine
+is opened on first use and, if that failed (a local-mode folder or an edge shard another process holds), again on
+a later call, at most once per `reopen_s` (index/qdrant_engine.py `EngineOpener`); a server's client holds no
+connection state between calls: so the service recovers by itself when Qdrant is back.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -27,9 +31,10 @@ from .errors import IndexMismatchError, IndexUnavailableError, UnknownDocumentEr
 from .lexical import LexicalConfig
 from .bm25_vectors import SparseBM25
 from .protocol import Hits
+from .qdrant_engine import DENSE, SPARSE, ClientEngine, Engine, EngineOpener, Nearest, NewPoint
 
 log = logging.getLogger("sieve.index.qdrant")
-DENSE, SPARSE, META_POINT = "dense", "bm25", 0
+META_POINT = 0
 
 
 def point_id(doc_id: str) -> int:
@@ -39,36 +44,42 @@ def point_id(doc_id: str) -> int:
 
 @dataclass(frozen=True)
 class QdrantConfig:
-    location: str  # http(s)://host:port, ":memory:" or a directory (the client's local mode)
+    location: str  # client: http(s)://host:port, ":memory:" or a directory (local mode); edge: the shards' directory
     collection: str = "sieve"
     api_key: str | None = None
     timeout_s: float = 2.0
     prefer_grpc: bool = False
     hnsw_ef: int | None = None  # search-time beam of Qdrant's HNSW (None: the collection's default)
     exact: bool = False  # True: Qdrant searches exhaustively (recall 1, slower)
+    engine: Literal["client", "edge"] = "client"
+    reopen_s: float = 0.5  # least time between two tries to open an engine that could not be opened
 
-    def client(self):
-        try:
-            from qdrant_client import QdrantClient
-        except ModuleNotFoundError as exc:
-            raise ModuleNotFoundError("the Qdrant backend needs qdrant-client: pip install 'sieve[qdrant]'") from exc
+    @property
+    def where(self) -> str:
+        """What names this Qdrant in error messages."""
+        if self.engine == "edge":
+            return f"edge {self.location}"
+        return self.location if self.location.startswith("http") else "local mode"
 
-        if self.location == ":memory:":
-            return QdrantClient(":memory:")
-        if self.location.startswith(("http://", "https://")):
-            return QdrantClient(url=self.location, api_key=self.api_key, timeout=self.timeout_s,
-                                prefer_grpc=self.prefer_grpc, check_compatibility=False)  # no call at start-up
-        return QdrantClient(path=self.location)
+    def open_engine(self) -> Engine:
+        if self.engine == "edge":
+            from .qdrant_edge_backend import EdgeEngine
+
+            return EdgeEngine(self)
+        return ClientEngine(self)
 
 
 class QdrantIndex:
-    """A Qdrant collection behind the IndexBackend contract. `client`: an existing client (tests, ":memory:")."""
+    """A Qdrant collection behind the IndexBackend contract. `client`: an existing qdrant-client (tests,
+    ":memory:"); `engine`: an existing engine; neither: the config's, opened on first use."""
 
     returns_vectors = True
 
-    def __init__(self, config: QdrantConfig, client=None, *, on_call: Callable[[str, bool], None] | None = None):
+    def __init__(self, config: QdrantConfig, client=None, *, engine: Engine | None = None,
+                 on_call: Callable[[str, bool], None] | None = None):
         self.config, self.name, self.meta_name = config, config.collection, f"{config.collection}__sieve"
-        self.client = client if client is not None else config.client()
+        given = engine if engine is not None else ClientEngine(config, client) if client is not None else None
+        self.opener = EngineOpener(config.open_engine, config.reopen_s, config.where, given)
         self.on_call = on_call  # (operation, ok) for the service's metrics
         self.meta: dict | None = None
         self.expect: dict | None = None  # model identity the metadata must show (check_model)
@@ -76,17 +87,24 @@ class QdrantIndex:
         self._analyzer = None
 
     # -- calls to Qdrant ------------------------------------------------------------------------------------
-    def call(self, op: str, fn: Callable[[], Any]) -> Any:
-        """Runs one client call; every failure of Qdrant or of the way to it is an IndexUnavailableError."""
+    @property
+    def engine(self) -> Engine:
+        """The engine (opened now if it was not; IndexUnavailableError if it cannot be)."""
+        return self.call("open", lambda e: e)
+
+    def call(self, op: str, fn: Callable[[Engine], Any]) -> Any:
+        """Runs one engine call; every failure of Qdrant or of the way to it is an IndexUnavailableError."""
         try:
-            result = fn()
-        except (UnknownDocumentError, IndexMismatchError):
+            result = fn(self.opener.engine())
+        except (UnknownDocumentError, IndexMismatchError, ModuleNotFoundError):
+            raise
+        except IndexUnavailableError:
+            self.note(op, False)
             raise
         except Exception as exc:  # noqa: BLE001 - connection refused, timeout, 5xx, refused write, missing collection
             self.note(op, False)
-            where = self.config.location if self.config.location.startswith("http") else "local mode"
-            raise IndexUnavailableError(f"the Qdrant index ({where}, collection {self.name!r}) failed on {op}: "
-                                        f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            raise IndexUnavailableError(f"the Qdrant index ({self.config.where}, collection {self.name!r}) failed on "
+                                        f"{op}: {type(exc).__name__}: {str(exc)[:300]}") from exc
         self.note(op, True)
         return result
 
@@ -97,7 +115,7 @@ class QdrantIndex:
     def load_meta(self, force: bool = False) -> dict:
         if self.meta is not None and not force:
             return self.meta
-        points = self.call("meta", lambda: self.client.retrieve(self.meta_name, ids=[META_POINT], with_payload=True))
+        points = self.call("meta", lambda e: e.retrieve(self.meta_name, [META_POINT], True, False))
         if not points:
             raise IndexUnavailableError(f"collection {self.meta_name!r} holds no Sieve metadata; build the "
                                         "collection with `sieve index build --backend qdrant`")
@@ -122,7 +140,7 @@ class QdrantIndex:
                                          "qdrant` and this model")
 
     def refresh_size(self) -> int:
-        self.size = int(self.call("count", lambda: self.client.count(self.name, exact=True)).count)
+        self.size = self.call("count", lambda e: e.count(self.name))
         return self.size
 
     # -- contract: state ------------------------------------------------------------------------------------
@@ -141,7 +159,8 @@ class QdrantIndex:
 
     def identity(self) -> str:
         meta = self.load_meta(force=True)
-        return f"qdrant:{self.config.location}:{self.name}:{meta['generation']}"
+        scheme = "qdrant-edge" if self.config.engine == "edge" else "qdrant"
+        return f"{scheme}:{self.config.location}:{self.name}:{meta['generation']}"
 
     def check_ready(self) -> None:
         self.load_meta(force=True)
@@ -151,29 +170,20 @@ class QdrantIndex:
         return name in (self.load_meta().get("stores") or {})
 
     # -- contract: first stage ------------------------------------------------------------------------------
-    def dense_request(self, vector: np.ndarray, k: int):
-        from qdrant_client import models
+    def dense_request(self, vector: np.ndarray, k: int) -> Nearest:
+        return Nearest(DENSE, np.asarray(vector, dtype=np.float32).tolist(), max(k, 1))
 
-        params = models.SearchParams(hnsw_ef=self.config.hnsw_ef, exact=self.config.exact)
-        return models.QueryRequest(query=np.asarray(vector, dtype=np.float32).tolist(), using=DENSE, limit=max(k, 1),
-                                   with_payload=["id"], with_vector=[DENSE], params=params)
-
-    def sparse_request(self, query: str, k: int, rows: Sequence[int] | None = None):
-        from qdrant_client import models
-
+    def sparse_request(self, query: str, k: int, rows: Sequence[int] | None = None) -> Nearest | None:
         dims, values = SparseBM25.query(self.analyzer(), query)
         if not dims:
             return None
-        where = None if rows is None else models.Filter(must=[models.HasIdCondition(has_id=[int(r) for r in rows])])
-        return models.QueryRequest(query=models.SparseVector(indices=dims, values=values), using=SPARSE,
-                                   limit=max(k, 1), with_payload=["id"], with_vector=[DENSE], filter=where)
+        return Nearest(SPARSE, (dims, values), max(k, 1), None if rows is None else [int(r) for r in rows])
 
-    def batch(self, requests: list) -> list[Hits]:
+    def batch(self, requests: list[Nearest | None]) -> list[Hits]:
         """Several scored lists in one round trip (None requests answer an empty list)."""
         live = [r for r in requests if r is not None]
-        answers = iter(self.call("query", lambda: self.client.query_batch_points(self.name, requests=live))
-                       if live else [])
-        return [self.to_hits(next(answers).points) if r is not None else self.empty() for r in requests]
+        answers = iter(self.call("query", lambda e: e.query(self.name, live)) if live else [])
+        return [self.to_hits(next(answers)) if r is not None else self.empty() for r in requests]
 
     def to_hits(self, points) -> Hits:
         dim = int(self.load_meta()["dim"])
@@ -218,8 +228,7 @@ class QdrantIndex:
     def points(self, rows: Sequence[int], payload, vectors) -> list:
         """The points of `rows` in that order; UnknownDocumentError for handles Qdrant does not hold."""
         wanted = [int(r) for r in rows]
-        got = self.call("retrieve", lambda: self.client.retrieve(self.name, ids=list(dict.fromkeys(wanted)),
-                                                                   with_payload=payload, with_vectors=vectors))
+        got = self.call("retrieve", lambda e: e.retrieve(self.name, list(dict.fromkeys(wanted)), payload, vectors))
         found = {p.id: p for p in got}
         missing = [r for r in wanted if r not in found]
         if missing:
@@ -242,64 +251,58 @@ class QdrantIndex:
     def ids(self, rows: Sequence[int]) -> list[str]:
         return [p.payload["id"] for p in self.points(rows, ["id"], False)]
 
+    def held(self, rows: Sequence[int]) -> set[int]:
+        return {p.id for p in self.call("retrieve", lambda e: e.retrieve(self.name, list(dict.fromkeys(rows)),
+                                                                          False, False))}
+
     def rows_for_ids(self, ids: Sequence[str]) -> list[int]:
         rows = [point_id(i) for i in ids]
-        got = self.call("retrieve", lambda: self.client.retrieve(self.name, ids=list(dict.fromkeys(rows)),
-                                                                   with_payload=["id"], with_vectors=False))
-        held = {p.id for p in got}
+        held = self.held(rows)
         unknown = [i for i, r in zip(ids, rows) if r not in held]
         if unknown:
             raise UnknownDocumentError(list(dict.fromkeys(unknown)), size=self.size)
         return rows
 
     def has_id(self, doc_id: str) -> bool:
-        return bool(self.call("retrieve", lambda: self.client.retrieve(self.name, ids=[point_id(doc_id)],
-                                                                         with_payload=False, with_vectors=False)))
+        return bool(self.held([point_id(doc_id)]))
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:  # noqa: BLE001 - closing a client of an unreachable server
-            log.debug("closing the Qdrant client failed", exc_info=True)
+        self.opener.close()
 
     # -- writes ---------------------------------------------------------------------------------------------
-    def point_structs(self, docs: Sequence[Document], vectors: dict[str, np.ndarray]) -> list:
-        from qdrant_client import models
-
-        sparse = self.sparse().documents(self.analyzer(), [d.full_text for d in docs]) if self.meta.get("lexical") \
+    def new_points(self, docs: Sequence[Document], vectors: dict[str, np.ndarray]) -> list[NewPoint]:
+        lexical = bool(self.meta.get("lexical"))
+        sparse = self.sparse().documents(self.analyzer(), [d.full_text for d in docs]) if lexical \
             else [([], [])] * len(docs)
         points = []
         for i, (doc, (dims, values)) in enumerate(zip(docs, sparse)):
             named: dict = {(DENSE if store == "primary" else store): array[i].tolist() for store, array in vectors.items()}
-            if self.meta.get("lexical"):  # empty too: Qdrant's IDF counts only points that have the sparse vector
-                named[SPARSE] = models.SparseVector(indices=dims, values=values)
-            points.append(models.PointStruct(id=point_id(doc.id), vector=named,
-                                             payload={"id": doc.id, "title": doc.title, "text": doc.text}))
+            if lexical:  # empty too: Qdrant's IDF counts only points that have the sparse vector
+                named[SPARSE] = (dims, values)
+            points.append(NewPoint(point_id(doc.id), named, {"id": doc.id, "title": doc.title, "text": doc.text}))
         return points
 
     def upsert(self, docs: Sequence[Document], vectors: dict[str, np.ndarray], batch: int = 256,
                progress: Callable[[int], None] | None = None, announce: bool = True) -> None:
         """Writes the documents (vectors by store: "primary", "cmc", ...), each batch waited for, then moves the
         generation (`announce`; a build writes the metadata itself). Returns only when Qdrant acknowledged it all."""
-        if announce:
-            self.load_meta()
+        if announce:  # read now: a collection rebuilt by another model is refused before anything is written
+            self.load_meta(force=True)
         expected = {"primary", *(self.meta.get("stores") or {})}
         if set(vectors) != expected:
             raise ValueError(f"this collection needs vectors for {sorted(expected)}, got {sorted(vectors)}")
         for start in range(0, len(docs), batch):
-            points = self.point_structs(docs[start:start + batch], {k: v[start:start + batch] for k, v in vectors.items()})
-            self.call("upsert", lambda: self.client.upsert(self.name, points=points, wait=True))
+            points = self.new_points(docs[start:start + batch], {k: v[start:start + batch] for k, v in vectors.items()})
+            self.call("upsert", lambda e: e.upsert(self.name, points))
             if progress:
                 progress(len(points))
         if announce:
             self.bump()
 
     def delete(self, doc_ids: Sequence[str]) -> None:
-        from qdrant_client import models
-
+        self.load_meta(force=True)  # as upsert: refuse a collection of another model before writing
         rows = self.rows_for_ids(doc_ids)  # 404 for ids not held
-        self.call("delete", lambda: self.client.delete(self.name, points_selector=models.PointIdsList(points=rows),
-                                                       wait=True))
+        self.call("delete", lambda e: e.delete(self.name, rows))
         self.bump()
 
     def bump(self) -> None:
@@ -307,7 +310,7 @@ class QdrantIndex:
         again. Replicas racing here both write a fresh random generation, so each of their writes ends old keys."""
         meta = self.load_meta(force=True)
         update = {"version": int(meta["version"]) + 1, "generation": secrets.token_hex(8), "written_at": time.time()}
-        self.call("meta", lambda: self.client.set_payload(self.meta_name, payload=update, points=[META_POINT], wait=True))
+        self.call("meta", lambda e: e.set_payload(self.meta_name, META_POINT, update))
         with self._lock:
             self.meta = {**meta, **update}
             self.version = update["version"]

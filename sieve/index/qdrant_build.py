@@ -1,4 +1,4 @@
-"""`sieve index build --backend qdrant`: create a collection and bulk-load a corpus into it.
+"""`sieve index build --backend qdrant` (or qdrant-edge): create a collection and bulk-load a corpus into it.
 
 The bi-encoder vectors (and any extra store's) come from the same content-addressed cache as a local build
 (index/cache.py), the BM25 term-frequency vectors from Sieve's analyzer (index/bm25_vectors.py); the documents go
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,47 +18,30 @@ from .cache import encode_cached
 from .corpus import Document, corpus_hash
 from .encoder import DocumentEncoder, encoder_identity
 from .lexical import LexicalConfig
-from .qdrant_backend import DENSE, META_POINT, SPARSE, QdrantConfig, QdrantIndex
+from .qdrant_backend import META_POINT, QdrantConfig, QdrantIndex
+from .qdrant_engine import DENSE, SPARSE, Layout, NewPoint
 
-
-@dataclass(frozen=True)
-class Layout:
-    """How the collection is spread (a server or cluster; the client's local mode ignores it)."""
-    shards: int = 1
-    replicas: int = 1
-    write_consistency: int = 1
-    on_disk: bool = False
+__all__ = ["Layout", "build_qdrant", "create_collections"]
 
 
 def create_collections(index: QdrantIndex, dims: dict[str, int], lexical: bool, layout: Layout,
                        recreate: bool) -> None:
-    from qdrant_client import models
-
-    client = index.client
     for name in (index.name, index.meta_name):
-        if index.call("exists", lambda n=name: client.collection_exists(n)):
+        if index.call("exists", lambda e, n=name: e.exists(n)):
             if not recreate:
                 raise ValueError(f"Qdrant collection {name!r} exists; pass --recreate to replace it")
-            index.call("drop", lambda n=name: client.delete_collection(n))
-    vectors = {(DENSE if store == "primary" else store): models.VectorParams(size=dim, distance=models.Distance.DOT,
-                                                                            on_disk=layout.on_disk)
-               for store, dim in dims.items()}
-    sparse = {SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)} if lexical else None
-    index.call("create", lambda: client.create_collection(
-        index.name, vectors_config=vectors, sparse_vectors_config=sparse, shard_number=layout.shards,
-        replication_factor=layout.replicas, write_consistency_factor=layout.write_consistency))
-    index.call("create", lambda: client.create_collection(
-        index.meta_name, vectors_config={"_": models.VectorParams(size=1, distance=models.Distance.DOT)},
-        replication_factor=layout.replicas))
+            index.call("drop", lambda e, n=name: e.drop(n))
+    vectors = {(DENSE if store == "primary" else store): dim for store, dim in dims.items()}
+    index.call("create", lambda e: e.create(index.name, vectors, SPARSE if lexical else None, layout))
+    index.call("create", lambda e: e.create(index.meta_name, {"_": 1}, None, Layout(replicas=layout.replicas)))
 
 
 def build_qdrant(docs: Sequence[Document], encoders: dict[str, DocumentEncoder], config: QdrantConfig, *,
                  client=None, lexical: LexicalConfig | None = LexicalConfig(), layout: Layout = Layout(),
                  cache_dir: Path | None = None, recreate: bool = False, progress: bool = True,
                  batch: int = 256) -> QdrantIndex:
-    """A new collection holding `docs`; encoders: "primary" (the bi-encoder) and any extra store ("cmc", "mix")."""
-    from qdrant_client import models
-
+    """A new collection holding `docs`; encoders: "primary" (the bi-encoder) and any extra store ("cmc", "mix").
+    `client`: an existing qdrant-client (config.engine "client")."""
     docs = list(docs)
     check_unique_ids(docs, "corpus")
     texts = [d.full_text for d in docs]
@@ -78,9 +60,9 @@ def build_qdrant(docs: Sequence[Document], encoders: dict[str, DocumentEncoder],
     index.upsert(docs, vectors, batch=batch, progress=bar.update if bar else None, announce=False)
     if bar:
         bar.close()
+    index.call("settle", lambda e: e.settle(index.name))
     meta["version"] = 1
-    index.call("meta", lambda: index.client.upsert(index.meta_name, wait=True, points=[
-        models.PointStruct(id=META_POINT, vector={"_": [0.0]}, payload=meta)]))
+    index.call("meta", lambda e: e.upsert(index.meta_name, [NewPoint(META_POINT, {"_": [0.0]}, meta)]))
     index.load_meta(force=True)
     index.refresh_size()
     return index

@@ -107,7 +107,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     scrub_access_log()  # after uvicorn configured its loggers
     state.limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst, state.caches.redis)
     encoders = {"primary": searcher.biencoder}
-    qdrant = settings.index_backend == "qdrant"
+    qdrant = settings.on_qdrant
     for name, model in searcher.models.items():  # stores a stage keeps in the index get their vectors for new documents
         store = (registry.get(name).extra.get("index_store") or (lambda _: None))(model)
         if store is not None and (qdrant or searcher.index.has_store(store[0])):

@@ -20,13 +20,15 @@ class Settings(BaseSettings):
     # where things are
     index_dir: Path = Field(Path("demo-index"), description="Index directory built by `sieve index build`.")
     # the index on a Qdrant collection instead (sieve/index/qdrant_backend.py, docs/index.md "Qdrant")
-    index_backend: Literal["local", "qdrant"] = Field("local", description="Where the index lives: `local` (SIEVE_INDEX_DIR, the segmented index on this machine) or `qdrant` (a collection built with `sieve index build --backend qdrant`; first stages, documents and writes go to Qdrant).")
+    index_backend: Literal["local", "qdrant", "qdrant-edge"] = Field("local", description="Where the index lives: `local` (SIEVE_INDEX_DIR, the segmented index on this machine), `qdrant` (a collection built with `sieve index build --backend qdrant` on SIEVE_QDRANT_URL; first stages, documents and writes go to Qdrant) or `qdrant-edge` (the same collection as Qdrant shards in this process, qdrant-edge-py, under SIEVE_QDRANT_EDGE_PATH; one process per directory).")
     qdrant_url: str = Field(":memory:", description="SIEVE_INDEX_BACKEND=qdrant: the Qdrant server (http(s)://host:6333), or the client's local mode: a directory, or :memory: (empty at every start; tests).")
+    qdrant_edge_path: Path = Field(Path("qdrant-edge"), description="SIEVE_INDEX_BACKEND=qdrant-edge: the directory holding the collection's shards (COLLECTION and COLLECTION__sieve), built with `sieve index build --backend qdrant-edge`.")
     qdrant_collection: str = Field("sieve", min_length=1, max_length=200, description="The Qdrant collection (its metadata lives in COLLECTION__sieve).")
     qdrant_api_key: SecretStr | None = Field(None, description="API key sent to SIEVE_QDRANT_URL (never logged).")
-    qdrant_timeout_ms: int = Field(2000, ge=1, description="Longest one Qdrant call may take; a call that fails or takes longer answers 503 (a search makes one to three calls).")
+    qdrant_timeout_ms: int = Field(2000, ge=1, description="Longest one call to a Qdrant server may take; a call that fails or takes longer answers 503 (a search makes one to three calls). Local mode and qdrant-edge run in process, without a timeout.")
+    qdrant_reopen_ms: int = Field(500, ge=1, description="A Qdrant that could not be opened (a local-mode folder or edge shard held by another process, not built yet) is tried again on a later request, at most once per this many ms; requests in between answer 503 at once.")
     qdrant_prefer_grpc: bool = Field(False, description="Talk gRPC (port 6334) instead of REST to SIEVE_QDRANT_URL.")
-    qdrant_hnsw_ef: int | None = Field(None, ge=1, description="HNSW beam width of Qdrant's dense search; unset = the collection's own (recall vs latency, docs/index.md).")
+    qdrant_hnsw_ef: int | None = Field(None, ge=1, description="HNSW beam width of Qdrant's dense search (a server, qdrant-edge); unset = the collection's own (recall vs latency, docs/index.md).")
     qdrant_exact: bool = Field(False, description="Qdrant searches dense vectors exhaustively (recall 1, slower on large collections).")
     qdrant_shards: int = Field(1, ge=1, description="`sieve index build --backend qdrant`: shards of the new collection (a cluster spreads them over its nodes).")
     qdrant_replicas: int = Field(1, ge=1, description="`sieve index build --backend qdrant`: copies of each shard.")
@@ -212,14 +214,20 @@ class Settings(BaseSettings):
 
         return LexicalConfig(language=self.lexical_language) if self.lexical_enabled else None
 
+    @property
+    def on_qdrant(self) -> bool:
+        """The index is a Qdrant collection (on a server, the client's local mode, or edge)."""
+        return self.index_backend in ("qdrant", "qdrant-edge")
+
     def qdrant_config(self) -> "QdrantConfig":
         """Where the Qdrant collection is and how to call it (SIEVE_QDRANT_*)."""
         from sieve.index.qdrant_backend import QdrantConfig
 
-        return QdrantConfig(self.qdrant_url, self.qdrant_collection,
+        edge = self.index_backend == "qdrant-edge"
+        return QdrantConfig(str(self.qdrant_edge_path) if edge else self.qdrant_url, self.qdrant_collection,
                             self.qdrant_api_key.get_secret_value() if self.qdrant_api_key else None,
                             self.qdrant_timeout_ms / 1000, self.qdrant_prefer_grpc, self.qdrant_hnsw_ef,
-                            self.qdrant_exact)
+                            self.qdrant_exact, "edge" if edge else "client", self.qdrant_reopen_ms / 1000)
 
     def keys(self) -> set[str]:
         """Every accepted API key (settings and file); empty = no authentication."""

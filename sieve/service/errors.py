@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sieve.index import IndexDiskFullError, UnknownDocumentError
+from sieve.index import IndexDiskFullError, IndexMismatchError, UnknownDocumentError
 from sieve.index.errors import IndexUnavailableError
 from sieve.pipeline.errors import RequestError
 
@@ -65,6 +65,15 @@ async def on_index_unavailable(request: Request, exc: IndexUnavailableError) -> 
                               "acknowledged")
 
 
+async def on_index_mismatch(request: Request, exc: IndexMismatchError) -> JSONResponse:
+    """The index (a Qdrant collection rebuilt under a running server) was built by another model than the one served:
+    the server cannot answer from it until one of them changes, which is not the client's doing."""
+    log.error("%s %s: %s", request.method, request.url.path, exc)
+    return error_body(503, "index_mismatch", str(exc),
+                      allowed="the operator rebuilds the index with this server's model, or serves the model the index "
+                              "was built with; a write that got this answer was not acknowledged")
+
+
 HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
               413: "body_too_large", 429: "rate_limited"}
 
@@ -85,5 +94,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnknownDocumentError, on_unknown_documents)
     app.add_exception_handler(IndexDiskFullError, on_disk_full)
     app.add_exception_handler(IndexUnavailableError, on_index_unavailable)
+    app.add_exception_handler(IndexMismatchError, on_index_mismatch)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

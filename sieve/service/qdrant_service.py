@@ -1,11 +1,12 @@
-"""The service on a Qdrant collection (SIEVE_INDEX_BACKEND=qdrant): opening it, and the writer behind
-POST /documents and DELETE /documents/{id}.
+"""The service on a Qdrant collection (SIEVE_INDEX_BACKEND=qdrant: a server or the client's local mode; qdrant-edge:
+the shards in this process): opening it, and the writer behind POST /documents and DELETE /documents/{id}.
 
 Writes go straight through to Qdrant with `wait=true`, one at a time per process (sieve/index/qdrant_backend.py);
 a write is acknowledged only after Qdrant acknowledged it and the collection's generation moved, so the next
 search (here or on any replica) sees it and no cached answer from before it is served again. A failed write
 answers 503 and acknowledges nothing (a retry of the same upsert is idempotent: point ids come from document ids).
-Started while Qdrant is down, the service is up but not ready (/readyz 503) and answers 503 until Qdrant is back.
+Started while Qdrant is down, its store held by another process or not built yet, the service is up but not ready
+(/readyz 503) and answers 503 until Qdrant answers; a collection of another model answers 503 index_mismatch.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 
 from starlette.exceptions import HTTPException
 
-from sieve.index import Document, IndexMismatchError
+from sieve.index import Document
 from sieve.index.encoder import checked_embeddings
 from sieve.index.errors import IndexUnavailableError
 from sieve.index.qdrant_backend import QdrantIndex
@@ -63,11 +64,8 @@ class QdrantUpdater:
 
     def upsert(self, docs: list[Document]) -> dict:
         vectors = self.vectors(docs)  # encoded before the lock: writes encode in parallel, write one by one
-        with self.lock:
-            try:
-                self.index.upsert(docs, vectors)
-            except IndexMismatchError as exc:
-                raise HTTPException(409, f"the collection cannot take this write: {exc}") from exc
+        with self.lock:  # a collection rebuilt by another model: IndexMismatchError, 503 index_mismatch
+            self.index.upsert(docs, vectors)
             return self.result(upserted=len(docs))
 
     def delete(self, doc_id: str) -> dict:

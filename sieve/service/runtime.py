@@ -20,8 +20,8 @@ def searcher_options(settings: Settings) -> dict:
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
     """The live version of SIEVE_INDEX_DIR, checked against the bi-encoder (and a separate-mode CMC's store); with
-    SIEVE_INDEX_BACKEND=qdrant, the Qdrant collection (service/qdrant_service.py)."""
-    if settings.index_backend == "qdrant":
+    SIEVE_INDEX_BACKEND=qdrant or qdrant-edge, the Qdrant collection (service/qdrant_service.py)."""
+    if settings.on_qdrant:
         from sieve.service.qdrant_service import open_qdrant
 
         return open_qdrant(settings, biencoder)

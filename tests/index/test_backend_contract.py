@@ -1,6 +1,7 @@
-"""The index contract (sieve/index/protocol.py): the local segmented index and a Qdrant collection (the client's own
-local mode, a real Qdrant engine in process) run through the same cases, with the packaged bi-encoder and Sieve's
-BM25 analyzer, and the pipeline (be, bm25, hybrid, then CMC with first-stage evidence) answers the same on both."""
+"""The index contract (sieve/index/protocol.py): the local segmented index and a Qdrant collection on two engines
+(the client's own local mode, a pure-Python Qdrant in process; qdrant-edge-py, Qdrant's Rust shard engine in
+process) run through the same cases, with the packaged bi-encoder and Sieve's BM25 analyzer, and the pipeline (be,
+bm25, hybrid, then CMC with first-stage evidence) answers the same on all three."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from sieve.index.qdrant_build import build_qdrant
 from tests.conftest import DEMO_CORPUS
 
 QUERIES = ["how do volcanoes erupt", "baking bread with yeast", "roman empire legions", "the the and"]
-BACKENDS = ["local", "qdrant"]
+BACKENDS = ["local", "qdrant", "qdrant-edge"]
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +38,24 @@ def qdrant(biencoder, cache_dir, docs):
     index.close()
 
 
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory, biencoder, cache_dir, docs):
+    config = QdrantConfig(str(tmp_path_factory.mktemp("contract-edge")), "contract", engine="edge")
+    index = build_qdrant(docs, {"primary": biencoder}, config, cache_dir=cache_dir, progress=False)
+    yield index
+    index.close()
+
+
 @pytest.fixture(params=BACKENDS)
-def backend(request, local, qdrant):
-    return {"local": local, "qdrant": qdrant}[request.param]
+def backend(request, local, qdrant, edge):
+    return {"local": local, "qdrant": qdrant, "qdrant-edge": edge}[request.param]
 
 
 def query_vector(biencoder, text: str) -> np.ndarray:
     return biencoder.encode_queries([text])[0].float().cpu().numpy()
 
 
-def test_both_implement_the_protocol(backend, docs):
+def test_each_implements_the_protocol(backend, docs):
     assert isinstance(backend, IndexBackend)
     assert backend.size == len(docs) and backend.has_lexical
 
@@ -103,25 +112,27 @@ def test_documents_ids_and_vectors_by_id(backend, local, docs):
     assert not backend.has_store("cmc")
 
 
-def test_identities_name_the_backend_and_collection(local, qdrant):
-    assert local.identity() != qdrant.identity()
+def test_identities_name_the_backend_and_collection(local, qdrant, edge):
+    assert len({local.identity(), qdrant.identity(), edge.identity()}) == 3
     assert qdrant.identity().startswith("qdrant::memory::contract:")
-    assert qdrant.identity() == qdrant.identity()  # stable while nothing is written
+    assert edge.identity().startswith(f"qdrant-edge:{edge.config.location}:contract:")
+    assert qdrant.identity() == qdrant.identity() and edge.identity() == edge.identity()  # stable without writes
 
 
-# -- the pipeline on both: the stages never reach past the contract ----------------------------------------------
+# -- the pipeline on each: the stages never reach past the contract ----------------------------------------------
 PIPELINE_QUERIES = ["how do volcanoes erupt", "baking bread with yeast", "training a neural network", "jazz improvisation"]
 
 
 @pytest.fixture(scope="module")
-def searchers(local, qdrant, biencoder):
+def searchers(local, qdrant, edge, biencoder):
     from sieve import checkpoints
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.pipeline.searcher import Searcher
 
     cmc = load_cmc(checkpoints.shipped(checkpoints.CMC), biencoder)  # the shipped default: fuses first-stage evidence
     assert cmc.config.evidence
-    made = {name: Searcher(biencoder, index, cmc=cmc) for name, index in (("local", local), ("qdrant", qdrant))}
+    made = {name: Searcher(biencoder, index, cmc=cmc)
+            for name, index in (("local", local), ("qdrant", qdrant), ("qdrant-edge", edge))}
     yield made
     for searcher in made.values():
         searcher.close()
@@ -136,11 +147,12 @@ def ranked(outcome) -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("retriever", ["be", "bm25", "hybrid"])
 @pytest.mark.parametrize("rerank", ["none", "cmc"])
 @pytest.mark.parametrize("query", PIPELINE_QUERIES)
-def test_the_pipeline_answers_the_same_on_both(searchers, retriever, rerank, query):
+@pytest.mark.parametrize("engine", ["qdrant", "qdrant-edge"])
+def test_the_pipeline_answers_as_on_the_local_index(searchers, engine, retriever, rerank, query):
     from sieve.pipeline.searcher import SearchParams
 
     params = SearchParams(query, top_k=10, retrieve_k=40, rerank=rerank, retriever=retriever)
-    local, qdrant = (ranked(searchers[name].search(params)) for name in ("local", "qdrant"))
+    local, qdrant = (ranked(searchers[name].search(params)) for name in ("local", engine))
     assert [doc_id for doc_id, _ in qdrant] == [doc_id for doc_id, _ in local]
     for (_, want), (_, got) in zip(local, qdrant):
         assert want.keys() == got.keys()

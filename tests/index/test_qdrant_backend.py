@@ -1,6 +1,7 @@
-"""The Qdrant backend's writes and faults, on the client's local mode (a real Qdrant engine in process, on disk):
-writes are visible to the next read, a write Qdrant refuses acknowledges nothing, an unreachable server is a clear
-IndexUnavailableError, a collection built by another model is refused, BM25 follows writes."""
+"""The Qdrant backend's writes and faults on both engines it runs on here, the client's local mode and qdrant-edge
+(each a real Qdrant engine in process, on disk): writes are visible to the next read, a write Qdrant refuses
+acknowledges nothing, an unreachable server is a clear IndexUnavailableError, a collection built by another model is
+refused, BM25 follows writes, and edge scores as local mode does after writes and deletes."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,11 @@ from sieve.index.qdrant_build import build_qdrant
 from tests.index.conftest import FakeEncoder, make_docs
 
 
-@pytest.fixture
-def built(tmp_path):
+@pytest.fixture(params=["client", "edge"])
+def built(request, tmp_path):
     encoder = FakeEncoder()
-    index = build_qdrant(make_docs(40), {"primary": encoder}, QdrantConfig(str(tmp_path / "qdrant"), "t"),
-                         progress=False)
+    config = QdrantConfig(str(tmp_path / "qdrant"), "t", engine=request.param)
+    index = build_qdrant(make_docs(40), {"primary": encoder}, config, progress=False)
     yield index, encoder
     index.close()
 
@@ -59,7 +60,7 @@ def test_a_delete_is_gone_from_every_read(built):
 def test_a_write_qdrant_refuses_acknowledges_nothing(built):
     index, encoder = built
     version, generation = index.version, index.identity()
-    index.client.delete_collection(index.name)  # the collection disappears under the service
+    index.engine.drop(index.name)  # the collection disappears under the service
     doc = Document("lost-1", "", "refused")
     with pytest.raises(IndexUnavailableError, match="failed on upsert"):
         index.upsert([doc], vectors_of(encoder, [doc]))
@@ -90,8 +91,9 @@ def test_a_collection_of_another_model_is_refused(built):
         index.check_model("another-model", None, None)
 
 
-def test_building_over_an_existing_collection_needs_recreate(tmp_path):
-    config, docs = QdrantConfig(str(tmp_path / "q"), "t"), make_docs(5)
+@pytest.mark.parametrize("engine", ["client", "edge"])
+def test_building_over_an_existing_collection_needs_recreate(tmp_path, engine):
+    config, docs = QdrantConfig(str(tmp_path / "q"), "t", engine=engine), make_docs(5)
     build_qdrant(docs, {"primary": FakeEncoder()}, config, progress=False).close()
     with pytest.raises(ValueError, match="--recreate"):
         build_qdrant(docs, {"primary": FakeEncoder()}, config, progress=False)
@@ -108,3 +110,84 @@ def test_a_collection_without_metadata_says_how_to_build_it(tmp_path):
     with pytest.raises(IndexUnavailableError, match="absent"):
         index.check_ready()
     client.close()
+
+
+def test_edge_scores_as_local_mode_after_writes_and_deletes(tmp_path):
+    """The same collection on both engines, then the same writes (a document whose text has no BM25 term among
+    them) and deletes: dense and BM25 answers agree, scores included (edge's IDF is over the live points holding the
+    sparse vector, as local mode's; its default IDF would still count the deleted ones)."""
+    encoder, docs = FakeEncoder(), make_docs(60)
+    client = build_qdrant(docs, {"primary": encoder}, QdrantConfig(str(tmp_path / "c"), "t"), progress=False)
+    edge = build_qdrant(docs, {"primary": encoder}, QdrantConfig(str(tmp_path / "e"), "t", engine="edge"),
+                        progress=False)
+    new = [Document("n1", "", "w1 w2 w3 w1"), Document("n2", "", "the and of"), Document("n3", "w7", "w7 w8")]
+    for index in (client, edge):
+        index.upsert(new, vectors_of(encoder, new))
+        index.delete([docs[1].id, docs[2].id, docs[3].id])
+        assert index.size == 60
+    queries = ["w1 w7", "w2 w3 w400", "w8", " ".join(docs[4].text.split()[:3])]
+    for query in queries:
+        want, got = client.lexical_hits(query, 15), edge.lexical_hits(query, 15)
+        assert len(want) > 0 and sorted(got.ids) == sorted(want.ids)
+        np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-6)
+        vector = encoder.encode_queries([query])[0]
+        want, got = client.dense_hits(vector, 10), edge.dense_hits(vector, 10)
+        assert got.ids == want.ids
+        np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-6)
+    rows = edge.rows_for_ids(["n1", "d5"])
+    np.testing.assert_allclose(edge.lexical_scores_of("w1 w2", rows), client.lexical_scores_of("w1 w2", rows),
+                               rtol=1e-5, atol=1e-6)
+    client.close()
+    edge.close()
+
+
+def test_an_edge_write_survives_a_reopen(tmp_path):
+    encoder, config = FakeEncoder(), QdrantConfig(str(tmp_path / "e"), "t", engine="edge")
+    index = build_qdrant(make_docs(10), {"primary": encoder}, config, progress=False)
+    doc = Document("kept", "", "w9 w9 w10")
+    index.upsert([doc], vectors_of(encoder, [doc]))
+    index.delete(["d0"])
+    version = index.version
+    index.close()
+    again = QdrantIndex(config)
+    again.check_ready()
+    assert (again.version, again.size) == (version, 10)
+    assert again.documents(again.rows_for_ids(["kept"])) == [doc] and not again.has_id("d0")
+    again.close()
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from sieve.index import Document
+from sieve.index.qdrant_backend import QdrantConfig, QdrantIndex
+from tests.index.conftest import FakeEncoder
+index, encoder = QdrantIndex(QdrantConfig(sys.argv[1], "t", engine="edge")), FakeEncoder()
+for i in range(20):
+    doc = Document(f"acked-{i}", "", f"zanzibar clove number{i}")
+    index.upsert([doc], {"primary": encoder.encode_documents([doc.full_text], progress=False)})
+    print(doc.id, flush=True)  # acknowledged
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no flush: the process dies as a crashed server would
+"""
+
+
+def test_edge_writes_acknowledged_before_a_kill_are_all_there(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = QdrantConfig(str(tmp_path / "qdrant"), "t", engine="edge")
+    build_qdrant(make_docs(10), {"primary": FakeEncoder()}, config, progress=False).close()
+    run = subprocess.run([sys.executable, "-c", KILLED_WRITER, config.location], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    acked = run.stdout.split()
+    assert len(acked) == 20
+    index = QdrantIndex(config)
+    try:
+        assert all(index.has_id(doc_id) for doc_id in acked)
+        assert index.refresh_size() == 30
+        assert set(index.lexical_hits("zanzibar clove", 30).ids) == set(acked)
+    finally:
+        index.close()
