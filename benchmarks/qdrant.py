@@ -51,7 +51,9 @@ def open_backend(name: str, docs, biencoder, cache_dir: Path, workdir: Path):
     if name == "local":
         build_index(docs, biencoder, workdir / "local", cache_dir=cache_dir, progress=True)
         return SearchIndex.load(workdir / "local")
-    return build_qdrant(docs, {"primary": biencoder}, QdrantConfig(":memory:", "quality"), cache_dir=cache_dir)
+    config = QdrantConfig(str(workdir / "edge"), "quality", engine="edge") if name == "qdrant-edge" else \
+        QdrantConfig(":memory:", "quality")
+    return build_qdrant(docs, {"primary": biencoder}, config, cache_dir=cache_dir)
 
 
 def quality(data_dir: Path, cache_dir: Path, biencoder, workdir: Path, max_queries: int | None,
@@ -190,8 +192,8 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="keep what --out holds that this run does not measure")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--max-queries", type=int, help="quality on a seeded sample of the judged test queries")
-    parser.add_argument("--backends", nargs="+", default=["local", "qdrant"], choices=["local", "qdrant"],
-                        help="quality: the backends to run")
+    parser.add_argument("--backends", nargs="+", default=["local", "qdrant"], choices=["local", "qdrant", "qdrant-edge"],
+                        help="quality: the backends to run (qdrant: the client's local mode)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/qdrant.json"))
     args = parser.parse_args()
     biencoder = TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2",
