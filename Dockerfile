@@ -16,7 +16,7 @@ WORKDIR /app
 # Dependency layer: only the project metadata, so source edits do not reinstall torch.
 COPY pyproject.toml README.md ./
 RUN set -eux; \
-    python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['qdrant']))" \
+    python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; e = p['optional-dependencies']; print('\n'.join(p['dependencies'] + e['qdrant'] + e['qdrant-edge']))" \
         > /tmp/requirements.txt; \
     if [ "$DEVICE" = "cpu" ]; then \
         pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; \
