@@ -47,6 +47,7 @@ class AdaptConfig:
     dropout: float = 0.1
     eval_every: int = 50
     start: str = "fusion"
+    teacher: float = 0.0  # weight of the shipped default's ranking of each whole list as a soft target (self-training)
     seed: int = 0
 
     def __post_init__(self):
@@ -94,10 +95,20 @@ def batch(lists: Lists, picks: np.ndarray, vectors: torch.Tensor, device, width:
             torch.from_numpy(sub.features[:, :width]).to(device), torch.from_numpy(sub.positive.astype(np.int64)).to(device))
 
 
-def loss_of(model: CMC, lists: Lists, picks: np.ndarray, vectors: torch.Tensor, device, width: int) -> torch.Tensor:
+def loss_of(model: CMC, lists: Lists, picks: np.ndarray, vectors: torch.Tensor, device, width: int,
+            teacher: CMC | None = None, teacher_weight: float = 0.0) -> torch.Tensor:
+    """Cross-entropy of the source document among the list, plus `teacher_weight` x KL(teacher || model) over the
+    whole list: the teacher's soft ranking of the other candidates (which may be relevant too: a pseudo-query has
+    one known positive, not the only one) holds the model near it where the pseudo-query says nothing."""
     query, cands, mask, feats, positive = batch(lists, picks, vectors, device, width)
     scores = model(query, cands, mask, feats)  # (B, K), -inf on padding
-    return torch.nn.functional.cross_entropy(scores, positive)
+    loss = torch.nn.functional.cross_entropy(scores, positive)
+    if teacher is None or not teacher_weight:
+        return loss
+    with torch.no_grad():
+        target = torch.softmax(teacher(query, cands, mask, feats), dim=1)  # 0 on padding
+    log_p = torch.log_softmax(scores, dim=1).masked_fill(~mask, 0.0)
+    return loss + teacher_weight * (target * (torch.log(target.clamp_min(1e-12)) - log_p)).sum(dim=1).mean()
 
 
 def source_ranks(model: CMC | None, lists: Lists, vectors: torch.Tensor, device, chunk: int = 32) -> np.ndarray:
@@ -175,6 +186,7 @@ def train(cfg: AdaptConfig, train_lists: Lists, heldout: Lists, vectors: torch.T
     """The model at its best held-out MRR@10 (step 0, the start, counts too) and the training record."""
     train_lists = train_lists.select(np.flatnonzero(train_lists.positive < cfg.train_k))
     model = new_model(cfg, vectors.shape[1], fusion).to(device)
+    teacher = fusion.to(device).eval() if cfg.teacher and fusion is not None else None
     optimizer = optimizer_for(model, cfg)
     state = TrainState(work)
     resumed = state.load(model, optimizer)
@@ -195,7 +207,7 @@ def train(cfg: AdaptConfig, train_lists: Lists, heldout: Lists, vectors: torch.T
             break
         model.train()
         picks = rng.choice(len(train_lists), size=min(cfg.batch_queries, len(train_lists)), replace=False)
-        loss = loss_of(model, train_lists, picks, vectors, device, cfg.train_k)
+        loss = loss_of(model, train_lists, picks, vectors, device, cfg.train_k, teacher, cfg.teacher)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--evidence-lr", type=float, default=d.evidence_lr,
                    help="the fusion weights it starts from (0: kept as shipped, only the attention learns)")
     p.add_argument("--start", choices=STARTS, default=d.start, help="fusion: the shipped default's weights; first-stage: ranks as hybrid")
+    p.add_argument("--teacher", type=float, default=d.teacher,
+                   help="weight of the shipped default's ranking of each list as a soft target (0: the source only)")
     p.add_argument("--retrieve-k", type=int, default=d.k, help="candidates per list (the served retrieve_k)")
     p.add_argument("--train-k", type=int, default=d.train_k, help="candidates per list in training (top of the list)")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -61,6 +63,7 @@ def config_of(args) -> "AdaptConfig":
 
     return AdaptConfig(generator=args.generator, per_doc=args.per_doc, max_queries=args.max_queries, k=args.retrieve_k, train_k=args.train_k,
                        n_layers=args.layers, steps=args.steps, batch_queries=args.batch, lr=args.lr, evidence_lr=args.evidence_lr, start=args.start,
+                       teacher=args.teacher,
                        seed=args.seed)
 
 

@@ -11,6 +11,9 @@ Generators (pure functions of a document, the corpus statistics and a seeded ran
   ict       inverse cloze proper: a sentence is the query and the source document is seen *without* it (its
             vector and BM25 are recomputed from the rest: `rest`), so the query is not a quote of its positive
             and the model cannot win by exact match alone
+  block     ict with a longer query: a run of consecutive sentences (a third to a half of the sentences)
+            is the query and the source is seen without them; the shape of argument-length queries (ArguAna's
+            real queries average 190 words)
 No generative model: no package here ships the weights of one (and nothing is downloaded at run time).
 `query_stats` says how close a set of queries looks to real ones: length and the share of their terms found in
 the source (or relevant) document.
@@ -28,7 +31,7 @@ import numpy as np
 
 from sieve.index.corpus import Document
 
-GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict")
+GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict", "block")
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _WORD_RE = re.compile(r"\S+")
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
@@ -114,6 +117,16 @@ def ict_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> 
     return PseudoQuery(picked, row, f"{doc.title} {rest}".strip())
 
 
+def block_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> PseudoQuery | None:
+    parts = [s.strip() for s in _SENTENCE_RE.split(doc.text) if s.strip()]
+    if len(parts) < 3:  # the rest must keep at least half of the text
+        return None
+    size = rng.randint(max(1, len(parts) // 3), max(1, len(parts) // 2))
+    start = rng.randint(0, len(parts) - size)
+    rest = " ".join(parts[:start] + parts[start + size:])
+    return PseudoQuery(" ".join(parts[start:start + size]), row, f"{doc.title} {rest}".strip())
+
+
 def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
     choices = [sentence_query, span_query, terms_query] + ([title_query] if doc.title.strip() else [])
     rng.shuffle(choices)
@@ -124,7 +137,8 @@ def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> 
 
 
 _MAKERS: dict[str, Callable] = {"title": title_query, "sentence": sentence_query, "span": span_query,
-                                "terms": terms_query, "mix": mix_query, "ict": ict_query}
+                                "terms": terms_query, "mix": mix_query, "ict": ict_query,
+                                "block": block_query}
 
 
 def generate(generator: str, docs: Sequence[Document], rows: Sequence[int], stats: TermStats, per_doc: int = 1,

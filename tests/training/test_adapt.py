@@ -163,3 +163,33 @@ def test_verdict():
     assert "below the first stage" in verdict(held(0.7, 0.55, 0.6), best_step=100)
     assert "below the shipped default" in verdict(held(0.5, 0.65, 0.6), best_step=100)
     assert "no training step" in verdict(held(0.5, 0.55, 0.6), best_step=0)
+
+
+def test_teacher_term_is_zero_for_its_own_ranking_and_positive_otherwise():
+    from sieve.models.cmc import randomize_gates
+    from sieve.pipeline.evidence import FEATURES
+    from sieve.training.adapt import AdaptConfig, loss_of, new_model
+    from sieve.training.adapt_data import Lists
+
+    rng = np.random.default_rng(0)
+    q, k, d = 6, 9, 12
+    lengths = np.array([9, 7, 9, 5, 9, 8], np.int32)
+    rows = np.tile(np.arange(k, dtype=np.int32), (q, 1))
+    rows[np.arange(k)[None, :] >= lengths[:, None]] = -1  # padded lists: the teacher term must mask them
+    lists = Lists(rng.normal(size=(q, d)).astype(np.float32), rows,
+                  rng.normal(size=(q, k, len(FEATURES))).astype(np.float32), lengths,
+                  np.array([0, 3, 8, 1, 2, 5], np.int32), np.arange(q, dtype=np.int32),
+                  rng.normal(size=(q, d)).astype(np.float32))
+    vectors = torch.from_numpy(rng.normal(size=(k, d)).astype(np.float32))
+    model = new_model(AdaptConfig(dropout=0.0), d, None).eval()
+    model = randomize_gates(model).eval()
+    with torch.no_grad():
+        for p in model.evidence.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    picks = np.arange(q)
+    plain = loss_of(model, lists, picks, vectors, "cpu", k)
+    same = loss_of(model, lists, picks, vectors, "cpu", k, teacher=model, teacher_weight=1.0)
+    assert np.isfinite(same.item()) and abs(same.item() - plain.item()) < 1e-5
+    other = new_model(AdaptConfig(dropout=0.0), d, None).eval()  # ranks as the first stage: another ranking
+    differs = loss_of(model, lists, picks, vectors, "cpu", k, teacher=other, teacher_weight=1.0)
+    assert differs.item() - plain.item() > 1e-3

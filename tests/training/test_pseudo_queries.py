@@ -54,3 +54,19 @@ def test_unknown_generator_is_refused(corpus):
     docs, stats = corpus
     with pytest.raises(ValueError, match="allowed"):
         generate("gpt", docs, [0], stats)
+
+
+def test_block_queries_are_a_run_of_sentences_cut_from_their_source(corpus):
+    docs, stats = corpus
+    queries = generate("block", docs, range(len(docs)), stats, seed=2)
+    assert queries
+    for q in queries:
+        doc = docs[q.source]
+        assert q.text in doc.text and q.text not in q.rest  # cut out, not quoted
+        assert len(q.text.split()) + len(q.rest.split()) == len(doc.full_text.split())  # nothing else lost
+        assert len(q.rest.split()) >= 0.3 * len(doc.full_text.split())  # the rest keeps at least half the sentences
+    long_doc = type(docs[0])("long", "A title", " ".join(f"Sentence number {i} says something new." for i in range(12)))
+    for q in generate("block", [long_doc], [0] * 20, stats, seed=5):
+        assert 4 <= q.text.count("Sentence number") <= 6  # a third to a half of the 12 sentences, consecutive
+        numbers = [int(w) for w in q.text.replace(".", "").split() if w.isdigit()]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
