@@ -5,6 +5,9 @@ the served hybrid first stage gives it (training/adapt_data.py). The model is th
 first-stage evidence kept as inputs, started from the shipped fusion CMC's weights (the attention layers start as
 the identity and their weight in the score at 0), so step 0 ranks exactly as the shipped default.
 
+The loss is the source's softmax cross-entropy plus `teacher` x KL(shipped default || model) over the whole list
+(self-training: the default's ranking of the other candidates, which may be relevant too, is a soft target).
+
 Selection never sees a real query: documents are split first, and the model kept is the one whose pseudo-queries
 of *held-out* documents (never trained on) rank their source highest (MRR@10). The guard (`verdict`): a model
 that ranks those held-out pseudo-queries below the first stage or below the shipped default, or that no training
@@ -47,7 +50,7 @@ class AdaptConfig:
     dropout: float = 0.1
     eval_every: int = 50
     start: str = "fusion"
-    teacher: float = 0.0  # weight of the shipped default's ranking of each whole list as a soft target (self-training)
+    teacher: float = 1.0  # weight of the shipped default's ranking of each whole list as a soft target (RESULTS.md)
     seed: int = 0
 
     def __post_init__(self):

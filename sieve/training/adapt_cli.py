@@ -43,7 +43,7 @@ def register(sub) -> None:
                    help="the fusion weights it starts from (0: kept as shipped, only the attention learns)")
     p.add_argument("--start", choices=STARTS, default=d.start, help="fusion: the shipped default's weights; first-stage: ranks as hybrid")
     p.add_argument("--teacher", type=float, default=d.teacher,
-                   help="weight of the shipped default's ranking of each list as a soft target (0: the source only)")
+                   help=f"weight of the shipped default's ranking of each list as a soft target (default {d.teacher}; 0: the source only)")
     p.add_argument("--retrieve-k", type=int, default=d.k, help="candidates per list (the served retrieve_k)")
     p.add_argument("--train-k", type=int, default=d.train_k, help="candidates per list in training (top of the list)")
     p.add_argument("--seed", type=int, default=d.seed)
