@@ -110,8 +110,8 @@ def loss_of(model: CMC, lists: Lists, picks: np.ndarray, vectors: torch.Tensor, 
         return loss
     with torch.no_grad():
         target = torch.softmax(teacher(query, cands, mask, feats), dim=1)  # 0 on padding
-    log_p = torch.log_softmax(scores, dim=1).masked_fill(~mask, 0.0)
-    return loss + teacher_weight * (target * (torch.log(target.clamp_min(1e-12)) - log_p)).sum(dim=1).mean()
+    log_p = torch.log_softmax(scores, dim=1).masked_fill(~mask, 0.0)  # padding: 0 x -inf would be nan
+    return loss + teacher_weight * torch.nn.functional.kl_div(log_p, target, reduction="batchmean")
 
 
 def source_ranks(model: CMC | None, lists: Lists, vectors: torch.Tensor, device, chunk: int = 32) -> np.ndarray:

@@ -181,8 +181,7 @@ def test_teacher_term_is_zero_for_its_own_ranking_and_positive_otherwise():
                   np.array([0, 3, 8, 1, 2, 5], np.int32), np.arange(q, dtype=np.int32),
                   rng.normal(size=(q, d)).astype(np.float32))
     vectors = torch.from_numpy(rng.normal(size=(k, d)).astype(np.float32))
-    model = new_model(AdaptConfig(dropout=0.0), d, None).eval()
-    model = randomize_gates(model).eval()
+    model = randomize_gates(new_model(AdaptConfig(dropout=0.0), d, None)).eval()
     with torch.no_grad():
         for p in model.evidence.parameters():
             p.add_(0.3 * torch.randn_like(p))
