@@ -59,13 +59,20 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def vector_flags() -> list[str]:
+    """The CPU's SIMD/matrix flags that change what torch runs (avx2, avx512*, amx*, fma, f16c)."""
+    from sieve.models.precision import cpu_flags
+
+    return sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+
+
 def machine_info() -> dict:
     import torch
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "cpus_usable": usable, "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(), "cpu_flags": vector_flags(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
