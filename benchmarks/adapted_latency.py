@@ -124,8 +124,8 @@ def search_latency(index: Path, queries: list[str], blocks: int, per_block: int,
     with tempfile.TemporaryDirectory() as logs:
         try:
             for env in {json.dumps(VARIANTS[v][0], sort_keys=True) for v in variants}:
-                servers[env] = Server({"SIEVE_INDEX_DIR": str(index), **json.loads(env)}, Path(logs) / f"{len(servers)}.log",
-                                      shipped_models=True)
+                servers[env] = Server({"SIEVE_INDEX_DIR": str(index), **json.loads(env)},
+                                      Path(logs) / f"{len(servers)}.log", shipped_models=True)
             clients = {v: servers[json.dumps(VARIANTS[v][0], sort_keys=True)] for v in variants}
             with_clients = {v: clients[v].client() for v in variants}
             ready = {v: with_clients[v].get("/readyz").json() for v in variants}
@@ -139,7 +139,8 @@ def search_latency(index: Path, queries: list[str], blocks: int, per_block: int,
                     before = process_cpu_s(pid)
                     for text in chunk:
                         started = time.perf_counter()
-                        answer = client.post("/search", json={"query": text, "top_k": 10, **VARIANTS[v][1]}, headers=headers)
+                        body = {"query": text, "top_k": 10, **VARIANTS[v][1]}
+                        answer = client.post("/search", json=body, headers=headers)
                         wall[v].append((time.perf_counter() - started) * 1000)
                         assert answer.status_code == 200, answer.text
                         stage[v].append(answer.json()["timings_ms"].get("cmc", 0.0))
@@ -177,7 +178,8 @@ def main() -> None:
     texts = list(read_queries(args.queries).values())
     search = search_latency(args.index, texts, args.blocks, args.per_block, args.variants.split(","))
     be = search.get("be", {}).get("p50_ms")
-    print("\n| /search | requests | p50 ms | p95 ms | cmc stage p50 ms | server CPU ms / request | CMC dtype | p50 / be |")
+    print("\n| /search | requests | p50 ms | p95 ms | cmc stage p50 ms | server CPU ms / request | CMC dtype "
+          "| p50 / be |")
     print("|---|---:|---:|---:|---:|---:|---|---:|")
     for name, r in search.items():
         ratio = f"{r['p50_ms'] / be:.2f}" if be else "-"

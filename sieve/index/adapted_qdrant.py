@@ -54,7 +54,9 @@ class QdrantAdapted:
         """cache_root/<collection key>: needs the collection's metadata (IndexUnavailableError while Qdrant is down)."""
         if self._root is None:
             meta, config = self.index.load_meta(), self.index.config
-            location = config.location if config.location.startswith(("http", ":")) else str(Path(config.location).resolve())
+            location = config.location
+            if not location.startswith(("http", ":")):  # a directory: spelt as any process would spell it
+                location = str(Path(location).resolve())
             build = f"{config.engine}|{location}|{self.index.name}|{meta.get('built_at')}|{meta.get('corpus_hash')}"
             self._root = self.cache_root / hashlib.sha256(build.encode()).hexdigest()[:16]
         return self._root

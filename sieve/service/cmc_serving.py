@@ -6,8 +6,9 @@ Load order (Settings.cmc_choices, stages/cmc.py load_first): SIEVE_CMC_PATH, els
 else the shipped default, else the untrained CMC; one that does not fit the bi-encoder is passed over. An adapted
 CMC is only ever taken from the store of the index served (a Qdrant-backed server never reads SIEVE_INDEX_DIR).
 Only without SIEVE_CMC_PATH is the store watched: the index writer thread (IndexUpdater on_check) or the Qdrant
-updater (QdrantUpdater on_check) checks it on every reload and poll. A new one is loaded and lowered in that thread, then put in place with one reference assignment
-(Searcher.replace_model): a request that already took the old model finishes with it. Only then is the result-cache
+updater (QdrantUpdater on_check) checks it on every reload and poll. A new one is loaded and lowered in that thread,
+then put in place with one reference assignment (Searcher.replace_model): a request that already took the old model
+finishes with it. Only then is the result-cache
 fingerprint recomputed (on_swap), so a result computed by the old model is never stored under the new fingerprint.
 """
 from __future__ import annotations

@@ -18,9 +18,10 @@ log = logging.getLogger("sieve")
 
 def load(ctx: LoadContext) -> CMCBundle | None:
     """The CMC in the load order of Settings.cmc_choices: SIEVE_CMC_PATH when set (it must fit), else the served
-    index's adapted CMC (`sieve adapt`; its directory's or its Qdrant collection's, never another index's), else the shipped default, else the identity CMC. The shipped default was trained on
-    the packaged bi-encoder's vectors and an adapted one on the index's bi-encoder: one that does not fit the
-    configured bi-encoder is passed over (said in the log)."""
+    index's adapted CMC (`sieve adapt`; its directory's or its Qdrant collection's, never another index's), else the
+    shipped default, else the identity CMC. The shipped default was trained on the packaged bi-encoder's vectors and
+    an adapted one on the index's bi-encoder: one that does not fit the configured bi-encoder is passed over (said in
+    the log)."""
     settings = ctx.settings
     if not settings.cmc_enabled:
         return None

@@ -32,7 +32,8 @@ def register(sub) -> None:
     p = sub.add_parser("adapt", help="train CMC on an index's own documents (pseudo-queries; no queries or labels)")
     p.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR); with --backend qdrant or "
                                                "qdrant-edge, the collection instead")
-    p.add_argument("--backend", choices=["local", "qdrant", "qdrant-edge"], help="where the index lives (SIEVE_INDEX_BACKEND)")
+    p.add_argument("--backend", choices=["local", "qdrant", "qdrant-edge"],
+                   help="where the index lives (SIEVE_INDEX_BACKEND)")
     p.add_argument("--qdrant-url", help="Qdrant server URL or local-mode directory (SIEVE_QDRANT_URL)")
     p.add_argument("--qdrant-edge-path", type=Path, help="qdrant-edge shards' directory (SIEVE_QDRANT_EDGE_PATH)")
     p.add_argument("--collection", help="Qdrant collection (SIEVE_QDRANT_COLLECTION)")

@@ -12,6 +12,10 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sieve.training.adapt import AdaptConfig
 
 MIN_DOCUMENTS = 40
 MIN_TRAIN, MIN_HELD = 16, 5  # lists whose source is among the candidates: to train on, held out for selection
@@ -50,8 +54,8 @@ def shortfall(cfg, documents: int, made: int, sources: int, found: int, train: i
         return None
     counts = (f"{train} pseudo-queries to train on (needs {MIN_TRAIN}) and {held} held out (needs {MIN_HELD})")
     if sources < 0.5 * documents:
-        why = (f"the {cfg.generator} generator made {made} pseudo-queries from {documents} documents: {documents - sources} "
-               f"gave none" + (f" (median length {short_words:.0f} words; {cfg.generator} needs a text of at least 8 "
+        why = (f"the {cfg.generator} generator made {made} pseudo-queries from {documents} documents: "
+               f"{documents - sources} gave none" + (f" (median length {short_words:.0f} words; {cfg.generator} needs a text of at least 8 "
                                "words, cut into sentences or word windows)" if short_words is not None else ""))
         tries = ("try --generator terms (3 salient terms make a query) or span, or --per-doc 2 on a small index; "
                  "documents need text beyond a title")
@@ -96,58 +100,31 @@ def pseudo_queries(cfg, settings, index, corpus):
     return queries, set(order[:n_held].tolist()), stats, shape, (float(np.median(silent)) if silent else None)
 
 
+MINING = ("generator", "per_doc", "max_queries", "heldout", "heldout_max", "k", "seed")  # what the lists depend on
+
+
 def adapt(args, settings, biencoder, index, store, work: Path) -> int:
     """The run; 0 installed, 2 refused (`log` says why and what to try), 3 trained but not installed."""
-    import numpy as np
-    import torch
-
-    from sieve import checkpoints
-    from sieve.models.cmc_checkpoint import load_cmc
-    from sieve.pipeline.searcher import Searcher
-    from sieve.service.runtime import searcher_options
-    from sieve.training.adapt import evaluate, train, verdict
-    from sieve.training.adapt_data import mine, read_corpus
+    from sieve.training.adapt import verdict
+    from sieve.training.adapt_data import read_corpus
 
     began = time.monotonic()
-    deadline = began + args.minutes * 60
-    cfg = config_of(args)
-    corpus = read_corpus(index)
-    mining = ("generator", "per_doc", "max_queries", "heldout", "heldout_max", "k", "seed")
+    cfg, corpus = config_of(args), read_corpus(index)
     digest = hashlib.sha256("\n".join(corpus.ids).encode()).hexdigest()
-    plan = {"corpus": digest, "version": index.version, "mining": {k: getattr(cfg, k) for k in mining}}
+    plan = {"corpus": digest, "version": index.version, "mining": {k: getattr(cfg, k) for k in MINING}}
     queries, held, stats, shape, short_words = pseudo_queries(cfg, settings, index, corpus)
     log(f"{len(queries)} pseudo-queries ({cfg.generator}) from {len(corpus.docs)} documents, {len(held)} documents "
         f"held out; {shape}")
     plan_work(work, plan, args.fresh)
-    searcher = Searcher(biencoder, index, **searcher_options(settings))
     k = min(cfg.k, len(corpus.docs))
-    try:
-        lists = mine(searcher, corpus, queries, k, work, began + 0.5 * args.minutes * 60, not args.no_progress, stats)
-    finally:
-        searcher.close()
-    found = lists.select(np.flatnonzero(lists.positive >= 0))
-    is_held = np.isin(found.sources, list(held))
-    train_lists, held_lists = found.select(np.flatnonzero(~is_held)), found.select(np.flatnonzero(is_held))
-    log(f"{len(found)} of {len(lists)} pseudo-queries have their source among the candidates: "
-        f"{len(train_lists)} to train on, {len(held_lists)} held out")
-    short = shortfall(cfg, len(corpus.docs), len(queries), len({q.source for q in queries}), len(found),
+    train_lists, held_lists, found = mined_lists(args, settings, biencoder, index, corpus, queries, held, stats, k,
+                                                 work, began)
+    short = shortfall(cfg, len(corpus.docs), len(queries), len({q.source for q in queries}), found,
                       len(train_lists), len(held_lists), k, short_words)
     if short:
         log(f"cannot adapt: {short}")
         return EXIT_REFUSED
-    vectors = torch.from_numpy(corpus.vectors)
-    fusion = load_cmc(checkpoints.CMC, biencoder).model.cpu()
-    training = {k: v for k, v in asdict(cfg).items() if k not in plan["mining"] and k != "steps"}
-    state_dir = work / f"train-{hashlib.sha256(json.dumps(training, sort_keys=True).encode()).hexdigest()[:12]}"
-    state_dir.mkdir(exist_ok=True)
-    model, record = train(cfg, train_lists, held_lists, vectors, torch.device("cpu"), fusion, state_dir, deadline,
-                          log, not args.no_progress)
-    seen = train_lists.select(np.arange(min(len(train_lists), len(held_lists))))
-    metrics = {name: {"first_stage": evaluate(None, part, vectors, "cpu"),
-                      "shipped_default": evaluate(fusion, part, vectors, "cpu"),
-                      "adapted": evaluate(model, part, vectors, "cpu")}
-               for name, part in (("heldout_documents", held_lists), ("training_documents", seen))}
-    log(json.dumps(metrics))
+    model, record, metrics = trained(args, cfg, biencoder, corpus, train_lists, held_lists, work, began)
     summary = {"command": getattr(args, "command_line", None) or shlex.join(["sieve", *sys.argv[1:]]),
                "index": store.where, "index_version": index.version, "documents": len(corpus.docs),
                "heldout_documents": len(held), "pseudo_queries": len(queries),
@@ -161,11 +138,61 @@ def adapt(args, settings, biencoder, index, store, work: Path) -> int:
         return EXIT_NOT_INSTALLED
     path = install(store, model, biencoder, corpus.ids, digest, summary, cfg)
     print(json.dumps({"installed": str(path), "index": store.where, "heldout_mrr@10": metrics["heldout_documents"],
-                      "wall_s": summary["wall_s"],
-                      "serving": "a server on this index swaps it in on POST /admin/index/reload or its next "
-                                 "SIEVE_INDEX_POLL_S poll; a server started later loads it (unless SIEVE_CMC_PATH is set)"},
-                     indent=2))
+                      "wall_s": summary["wall_s"], "serving": SERVING}, indent=2))
     return 0
+
+
+SERVING = ("a server on this index swaps it in on POST /admin/index/reload or its next SIEVE_INDEX_POLL_S poll; a "
+           "server started later loads it (unless SIEVE_CMC_PATH is set)")
+
+
+def mined_lists(args, settings, biencoder, index, corpus, queries, held: set, stats, k: int, work: Path,
+                began: float) -> tuple:
+    """(lists to train on, held-out lists, how many found their source): the served hybrid candidates of every
+    pseudo-query, mined within half the time budget."""
+    import numpy as np
+
+    from sieve.pipeline.searcher import Searcher
+    from sieve.service.runtime import searcher_options
+    from sieve.training.adapt_data import mine
+
+    searcher = Searcher(biencoder, index, **searcher_options(settings))
+    try:
+        lists = mine(searcher, corpus, queries, k, work, began + 0.5 * args.minutes * 60, not args.no_progress, stats)
+    finally:
+        searcher.close()
+    found = lists.select(np.flatnonzero(lists.positive >= 0))
+    is_held = np.isin(found.sources, list(held))
+    train_lists, held_lists = found.select(np.flatnonzero(~is_held)), found.select(np.flatnonzero(is_held))
+    log(f"{len(found)} of {len(lists)} pseudo-queries have their source among the candidates: "
+        f"{len(train_lists)} to train on, {len(held_lists)} held out")
+    return train_lists, held_lists, len(found)
+
+
+def trained(args, cfg, biencoder, corpus, train_lists, held_lists, work: Path, began: float) -> tuple:
+    """(model, training record, metrics): trained from the shipped fusion CMC until the time budget, then first
+    stage / shipped default / adapted on the held-out and on as many trained documents' pseudo-queries."""
+    import numpy as np
+    import torch
+
+    from sieve import checkpoints
+    from sieve.models.cmc_checkpoint import load_cmc
+    from sieve.training.adapt import evaluate, train
+
+    vectors = torch.from_numpy(corpus.vectors)
+    fusion = load_cmc(checkpoints.CMC, biencoder).model.cpu()
+    training = {k: v for k, v in asdict(cfg).items() if k not in MINING and k != "steps"}
+    state_dir = work / f"train-{hashlib.sha256(json.dumps(training, sort_keys=True).encode()).hexdigest()[:12]}"
+    state_dir.mkdir(exist_ok=True)
+    model, record = train(cfg, train_lists, held_lists, vectors, torch.device("cpu"), fusion, state_dir,
+                          began + args.minutes * 60, log, not args.no_progress)
+    seen = train_lists.select(np.arange(min(len(train_lists), len(held_lists))))
+    metrics = {name: {"first_stage": evaluate(None, part, vectors, "cpu"),
+                      "shipped_default": evaluate(fusion, part, vectors, "cpu"),
+                      "adapted": evaluate(model, part, vectors, "cpu")}
+               for name, part in (("heldout_documents", held_lists), ("training_documents", seen))}
+    log(json.dumps(metrics))
+    return model, record, metrics
 
 
 def install(store, model, biencoder, ids: list[str], corpus_hash: str, summary: dict, cfg) -> Path:

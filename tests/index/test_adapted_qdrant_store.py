@@ -24,8 +24,8 @@ def collection(request, tmp_path):
 
 def checkpoint(store: AdaptedStore, seed: int) -> dict[str, bytes]:
     """A work directory of files as a checkpoint has them, one spanning three chunks; returns their contents."""
-    files = {"cmc.safetensors": np.random.default_rng(seed).bytes(2 * CHUNK + 123), "config.json": b'{"seed": %d}' % seed,
-             "documents.txt": b""}
+    files = {"cmc.safetensors": np.random.default_rng(seed).bytes(2 * CHUNK + 123),
+             "config.json": b'{"seed": %d}' % seed, "documents.txt": b""}
     work = store.new_work_dir()
     for name, data in files.items():
         (work / name).write_bytes(data)
