@@ -1,5 +1,12 @@
 """Where an index keeps the CMC that `sieve adapt` trained on its documents, and the atomic switch to a new one.
 
+An adapted CMC belongs to the index it was trained on and is kept with it: `AdaptedStore` is what the server and the
+publishers (`sieve adapt`, any later trainer) see: `current()` is the live adapted checkpoint as a local directory
+(None: never adapted), `new_work_dir()` + `publish()` make a new one live. Two stores implement it: `LocalAdapted`
+(below: a directory inside the local index) and `QdrantAdapted` (index/adapted_qdrant.py: inside the collection's
+metadata collection, copied to a local cache to be loaded); `store_for` picks the one of an opened index.
+
+The local layout:
     DIR/adapted/CURRENT        name of the live adapted CMC, e.g. "a000002" (absent: the index was never adapted)
     DIR/adapted/a000002/       a CMC checkpoint (models/cmc_checkpoint.py: config.json, cmc.safetensors) plus
                                model_card.md and documents.txt (the ids of the documents it adapted on, one a line)
@@ -16,6 +23,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from .layout import fsync_dir
 
@@ -90,3 +98,57 @@ def publish(index_dir: str | Path, work_dir: Path) -> Path:
         if stale != work_dir:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+@runtime_checkable
+class AdaptedStore(Protocol):
+    """Where one index keeps its adapted CMCs (see the module's docstring)."""
+
+    root: Path  # the local directory holding its checkpoints (served from here) and the publisher's work directory
+    where: str  # what names the index it belongs to, in logs and messages
+
+    def current(self) -> Path | None:
+        """The live adapted checkpoint directory (config.json, cmc.safetensors, documents.txt, model_card.md), or
+        None when the index was never adapted."""
+
+    def new_work_dir(self) -> Path:
+        """A fresh local directory to write a new adapted checkpoint into, then hand to `publish`."""
+
+    def publish(self, work_dir: Path) -> Path:
+        """Make the fully written `work_dir` the live adapted CMC (atomically: a reader sees the old or the new
+        one); returns the new live checkpoint directory."""
+
+    def owns(self, path: Path | None) -> bool:
+        """Whether a checkpoint directory is one of this store's (the served CMC's source is then "adapted")."""
+
+
+class LocalAdapted:
+    """The adapted CMCs of a local index: DIR/adapted (the layout above)."""
+
+    def __init__(self, index_dir: str | Path):
+        self.index_dir, self.root = Path(index_dir), adapted_dir(index_dir)
+        self.where = f"index {self.index_dir}"
+
+    def current(self) -> Path | None:
+        return current_adapted(self.index_dir)
+
+    def new_work_dir(self) -> Path:
+        return new_work_dir(self.index_dir)
+
+    def publish(self, work_dir: Path) -> Path:
+        return publish(self.index_dir, work_dir)
+
+    def owns(self, path: Path | None) -> bool:
+        return path is not None and Path(path).parent == self.root
+
+
+def store_for(index, index_dir: str | Path, cache_dir: str | Path) -> AdaptedStore:
+    """The store of an opened index: a Qdrant collection's own (copies cached under `cache_dir`), else the local
+    index directory's."""
+    from .qdrant_backend import QdrantIndex
+
+    if isinstance(index, QdrantIndex):
+        from .adapted_qdrant import QdrantAdapted
+
+        return QdrantAdapted(index, Path(cache_dir) / "adapted")
+    return LocalAdapted(index_dir)

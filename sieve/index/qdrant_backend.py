@@ -251,6 +251,20 @@ class QdrantIndex:
     def ids(self, rows: Sequence[int]) -> list[str]:
         return [p.payload["id"] for p in self.points(rows, ["id"], False)]
 
+    def every_point(self, page: int = 1024) -> tuple[np.ndarray, list[Document], np.ndarray]:
+        """Every document of the collection in point-id order: (handles (N,) int64, documents, dense vectors
+        (N, d) float32), read page by page (`sieve adapt` trains on the whole collection)."""
+        rows, docs, vectors, offset = [], [], [], None
+        while True:
+            points, offset = self.call("scroll", lambda e, at=offset: e.scroll(self.name, at, page, True, [DENSE]))
+            rows += [p.id for p in points]
+            docs += [Document(p.payload["id"], p.payload.get("title", ""), p.payload.get("text", "")) for p in points]
+            vectors += [p.vector[DENSE] for p in points]
+            if offset is None or not points:
+                break
+        dim = int(self.load_meta()["dim"])
+        return np.asarray(rows, np.int64), docs, np.asarray(vectors, np.float32).reshape(len(rows), dim)
+
     def held(self, rows: Sequence[int]) -> set[int]:
         return {p.id for p in self.call("retrieve", lambda e: e.retrieve(self.name, list(dict.fromkeys(rows)),
                                                                           False, False))}

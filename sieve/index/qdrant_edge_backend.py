@@ -89,6 +89,10 @@ class EdgeEngine:
     def count(self, name: str) -> int:
         return int(self.shard(name).count(self.qe.CountRequest(exact=True)))
 
+    def scroll(self, name: str, offset: int | None, limit: int, payload, vectors) -> tuple[list, int | None]:
+        return self.shard(name).scroll(self.qe.ScrollRequest(offset=offset, limit=limit, with_payload=payload,
+                                                             with_vector=vectors))
+
     def upsert(self, name: str, points: Sequence[NewPoint]) -> None:
         qe = self.qe
 

@@ -70,6 +70,9 @@ class Engine(Protocol):
 
     def count(self, name: str) -> int: ...
 
+    def scroll(self, name: str, offset: int | None, limit: int, payload, vectors) -> tuple[list, int | None]:
+        """Up to `limit` points from `offset` on, in point-id order, and the offset of the next page (None: done)."""
+
     def upsert(self, name: str, points: Sequence[NewPoint]) -> None:
         """Returns once the engine applied the points (a server: wait=true)."""
 
@@ -164,6 +167,9 @@ class ClientEngine:
 
     def count(self, name: str) -> int:
         return int(self.client.count(name, exact=True).count)
+
+    def scroll(self, name: str, offset: int | None, limit: int, payload, vectors) -> tuple[list, int | None]:
+        return self.client.scroll(name, offset=offset, limit=limit, with_payload=payload, with_vectors=vectors)
 
     def upsert(self, name: str, points: Sequence[NewPoint]) -> None:
         from qdrant_client import models

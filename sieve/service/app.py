@@ -123,7 +123,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     if qdrant:  # writes go straight to Qdrant (service/qdrant_service.py)
         searcher.index.on_call = metrics.observe_index_call
         searcher.index.note("start", searcher.index.meta is not None)  # opened while Qdrant answered, or not
-        state.updater = QdrantUpdater(searcher, encoders, lambda index: on_swap(index, None))
+        state.updater = QdrantUpdater(searcher, encoders, lambda index: on_swap(index, None), state.cmc.check,
+                                      settings.index_poll_s)
     else:
         state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
                                      lambda: load_index(settings, searcher.biencoder, torch.device(components.device),

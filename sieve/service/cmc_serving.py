@@ -1,11 +1,14 @@
 """Which CMC this server serves and where it came from, how much of the live index an adapted CMC saw, and the live
-swap when `sieve adapt` publishes a new one (SIEVE_INDEX_DIR/adapted/CURRENT changes; sieve/index/adapted.py).
+swap when `sieve adapt` (or another trainer) publishes a new one into the served index's adapted store
+(sieve/index/adapted.py: SIEVE_INDEX_DIR/adapted/CURRENT, or the Qdrant collection's metadata).
 
-Load order (Settings.cmc_choices, stages/cmc.py load_first): SIEVE_CMC_PATH, else the index's adapted CMC, else
-the shipped default, else the untrained CMC; one that does not fit the bi-encoder is passed over. Only without
-SIEVE_CMC_PATH is CURRENT watched: the index writer thread checks it on every reload and poll (IndexUpdater
-on_check). A new one is loaded and lowered in that thread, then put in place with one reference assignment
-(Searcher.replace_model): a request that already took the old model finishes with it. Only then is the result-cache
+Load order (Settings.cmc_choices, stages/cmc.py load_first): SIEVE_CMC_PATH, else the served index's adapted CMC,
+else the shipped default, else the untrained CMC; one that does not fit the bi-encoder is passed over. An adapted
+CMC is only ever taken from the store of the index served (a Qdrant-backed server never reads SIEVE_INDEX_DIR).
+Only without SIEVE_CMC_PATH is the store watched: the index writer thread (IndexUpdater on_check) or the Qdrant
+updater (QdrantUpdater on_check) checks it on every reload and poll. A new one is loaded and lowered in that thread,
+then put in place with one reference assignment (Searcher.replace_model): a request that already took the old model
+finishes with it. Only then is the result-cache
 fingerprint recomputed (on_swap), so a result computed by the old model is never stored under the new fingerprint.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from sieve.index.adapted import adapted_dir, adapted_documents, current_adapted
+from sieve.index.adapted import AdaptedStore, adapted_documents
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.precision_stages import lower_cmc, lower_query_tower
 from sieve.stages.cmc import load_first
@@ -42,13 +45,13 @@ class Adapted:
         return cls(path.name, frozenset(adapted_documents(path)), meta.get("created"))
 
 
-def source_of(bundle: CMCBundle, settings) -> str:
+def source_of(bundle: CMCBundle, settings, store: AdaptedStore) -> str:
     """setting | adapted | shipped | untrained, from the settings and where the bundle was loaded from."""
     if settings.cmc_path is not None:
         return "setting"
     if bundle.path is None:
         return "untrained"
-    return "adapted" if bundle.path.parent == adapted_dir(settings.index_dir) else "shipped"
+    return "adapted" if store.owns(bundle.path) else "shipped"
 
 
 class ServedCMC:
@@ -57,11 +60,12 @@ class ServedCMC:
     def __init__(self, settings, components, on_swap: Callable[[], None] = lambda: None):
         self.settings, self.components, self.on_swap = settings, components, on_swap
         self.lock = threading.Lock()  # coverage cache
+        self.store = settings.adapted_store(components.searcher.index)
         bundle = components.searcher.cmc
         self.served = (bundle, self.read_adapted(bundle))  # replaced as one: /readyz never mixes two CMCs
-        # CURRENT as last seen: what start-up served, or the adapted CMC it passed over
-        self.watched = ((bundle.path if self.served[1] else None) or current_adapted(settings.index_dir)
-                        if self.watching else None)
+        # the live adapted CMC as last seen: what start-up served, or the one it passed over (None: none, or the
+        # store could not be read at start-up: the first check looks again)
+        self.watched = ((bundle.path if self.served[1] else None) or self.current() if self.watching else None)
         self.coverage_key: tuple | None = None
         self.coverage_value: dict | None = None
 
@@ -70,9 +74,19 @@ class ServedCMC:
         return self.settings.cmc_enabled and self.settings.cmc_path is None
 
     def read_adapted(self, bundle: CMCBundle | None) -> Adapted | None:
-        if bundle is None or source_of(bundle, self.settings) != "adapted":
+        if bundle is None or self.source(bundle) != "adapted":
             return None
         return Adapted.read(bundle.path)
+
+    def source(self, bundle: CMCBundle) -> str:
+        return source_of(bundle, self.settings, self.store)
+
+    def current(self) -> Path | None:
+        try:
+            return self.store.current()
+        except Exception:  # noqa: BLE001 - e.g. Qdrant down: what is served stays, the next check looks again
+            log.warning("could not read the adapted CMC of %s", self.store.where, exc_info=True)
+            return None
 
     # -- /readyz and /metrics -----------------------------------------------------------------------------------
     def status(self, index) -> dict | None:
@@ -80,7 +94,7 @@ class ServedCMC:
         bundle, adapted = self.served
         if bundle is None:
             return None
-        return {"name": bundle.name, "source": source_of(bundle, self.settings),
+        return {"name": bundle.name, "source": self.source(bundle),
                 "path": str(bundle.path) if bundle.path is not None else None,
                 "adapted": None if adapted is None else self.coverage(adapted, index)}
 
@@ -102,7 +116,7 @@ class ServedCMC:
         bundle, adapted = self.served
         if bundle is None:
             return {"name": "", "source": "none", "version": ""}
-        return {"name": bundle.name, "source": source_of(bundle, self.settings),
+        return {"name": bundle.name, "source": self.source(bundle),
                 "version": adapted.version if adapted else ""}
 
     def coverage_fraction(self) -> float:
@@ -112,15 +126,16 @@ class ServedCMC:
 
     # -- the swap (index writer thread) -------------------------------------------------------------------------
     def check(self) -> bool:
-        """Swap in the CMC the load order names now when CURRENT changed since the last look; True = swapped."""
+        """Swap in the CMC the load order names now when the live adapted CMC changed since the last look; True =
+        swapped. Raises what the store raises (the caller logs it; the next check tries again)."""
         if not self.watching:
             return False
-        current = current_adapted(self.settings.index_dir)
+        current = self.store.current()
         if current == self.watched:
             return False
         self.watched = current  # a checkpoint that does not fit is passed over once, not on every poll
         searcher = self.components.searcher
-        fresh = load_first(self.settings.cmc_choices(self.settings.index_dir), searcher.biencoder, searcher.index)
+        fresh = load_first(self.settings.cmc_choices(current), searcher.biencoder, searcher.index)
         old = searcher.cmc
         if old is not None and (fresh.path, fresh.weights_hash) == (old.path, old.weights_hash):
             return False  # e.g. the new adapted CMC does not fit and the shipped one is served already
@@ -129,8 +144,8 @@ class ServedCMC:
         searcher.replace_model("cmc", fresh)
         self.served = (fresh, self.read_adapted(fresh))
         self.on_swap()  # after the model: no result of the old model is stored under the new fingerprint
-        log.info("CMC %s (%s, %s) -> %s (%s, %s)", old.name if old else None, old and source_of(old, self.settings),
-                 old and old.path, fresh.name, source_of(fresh, self.settings), fresh.path)
+        log.info("CMC %s (%s, %s) -> %s (%s, %s)", old.name if old else None, old and self.source(old),
+                 old and old.path, fresh.name, self.source(fresh), fresh.path)
         return True
 
     def lower(self, bundle: CMCBundle) -> dict[str, dict]:

@@ -53,6 +53,14 @@ class Components:
                 model.close()
 
 
+def served_name(settings: Settings) -> str:
+    """The index as the log names it: its directory, or the Qdrant collection and where it is."""
+    served = settings.served_index()
+    if served["collection"] is None:
+        return f"index {served['index_dir']}"
+    return f"{served['index_backend']} collection {served['collection']!r} at {served['index_dir']}"
+
+
 def model_name(model) -> str | None:
     if model is None:
         return None
@@ -98,7 +106,7 @@ def load_components(settings: Settings) -> Components:
     biencoder = load_biencoder(settings, device)
     index = load_index(settings, biencoder, device)  # the local index, or a Qdrant collection
     models = load_stages(settings, device, biencoder, index)
-    log.info("loaded index %s (%d docs, version %d) on %s; stages with models: %s", settings.index_dir, index.size,
+    log.info("loaded %s (%d docs, version %d) on %s; stages with models: %s", served_name(settings), index.size,
              index.version, device, ", ".join(models) or "none")
     precision = lower_precision(settings, biencoder, models)  # after every load: annCUR keeps its fp32 cross-encoder
     searcher = Searcher(biencoder, index, models=models, **searcher_options(settings))

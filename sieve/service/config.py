@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     default_cross_encoder: bool = Field(False, description="/search `cross_encoder` when unset: on only if this is true and a cross-encoder is loaded.")
     # CMC
     cmc_enabled: bool = Field(True, description="Load a CMC stage.")
-    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; set, it is served (it must fit the bi-encoder) and the index's adapted CMC is not. Unset = the index's adapted CMC (`sieve adapt`, SIEVE_INDEX_DIR/adapted/CURRENT; a newly published one is swapped in live), else the trained default shipped as shipped:cmc-fusion (the paper-style one: shipped:cmc), made for the packaged bi-encoder; one that does not fit the bi-encoder (another SIEVE_MODEL_PATH) is passed over with a warning in the log, down to the untrained CMC. 'untrained' = identity CMC (ranks as the bi-encoder).")
+    cmc_path: Path | None = Field(None, description="CMC checkpoint directory; set, it is served (it must fit the bi-encoder) and the index's adapted CMC is not. Unset = the served index's adapted CMC (`sieve adapt`: kept in SIEVE_INDEX_DIR/adapted, or inside the Qdrant collection with SIEVE_INDEX_BACKEND=qdrant / qdrant-edge; a newly published one is swapped in live), else the trained default shipped as shipped:cmc-fusion (the paper-style one: shipped:cmc), made for the packaged bi-encoder; one that does not fit the bi-encoder (another SIEVE_MODEL_PATH) is passed over with a warning in the log, down to the untrained CMC. 'untrained' = identity CMC (ranks as the bi-encoder).")
     # cross-encoder
     cross_encoder_enabled: bool = Field(True, description="Load a cross-encoder stage; false = CE stage off (`cross_encoder: true` then answers 400).")
     cross_encoder_path: Path | None = Field(None, description="Local HF sequence-classification checkpoint (or one of the heads in sieve/models/ce_heads.py); unset = the trained default shipped as shipped:cross-encoder (head gated; CE stage off when none is shipped).")
@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
-    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version (and swap in an adapted CMC that `sieve adapt` published, when SIEVE_CMC_PATH is unset), checked this often; 0 = only on POST /admin/index/reload.")
+    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version (and swap in an adapted CMC that `sieve adapt` published, when SIEVE_CMC_PATH is unset; on a Qdrant collection only the latter: every search reads Qdrant), checked this often; 0 = only on POST /admin/index/reload.")
     ann_min_rows: int = Field(50_000, ge=1, description="`sieve index build --faiss auto` (the default): an index segment of at least this many rows gets an IVF index (approximate, recall measured in docs/index.md), smaller ones are searched exactly.")
     index_merge: bool = Field(True, description="Merge index segments in the background after writes (SIEVE_INDEX_MAX_SEGMENTS, SIEVE_INDEX_COMPACT_DELETED_FRACTION); false = only `sieve index compact`.")
     index_max_segments: int = Field(10, ge=1, description="More segments than this after a write: merge the SIEVE_INDEX_MERGE_WIDTH adjacent segments holding the fewest rows.")
@@ -161,26 +161,39 @@ class Settings(BaseSettings):
 
         return self.model_path or default_model_path()
 
-    def resolved_cmc_path(self, index_dir: Path | None = None) -> Path | None:
-        """The first CMC checkpoint in the load order (cmc_choices); None = the untrained CMC. Without `index_dir`
-        an index's adapted CMC is not considered (the configured one, else the shipped default)."""
-        return self.cmc_choices(index_dir)[0][1]
+    def resolved_cmc_path(self, adapted: Path | None = None) -> Path | None:
+        """The first CMC checkpoint in the load order (cmc_choices); None = the untrained CMC. `adapted`: the
+        index's live adapted CMC (AdaptedStore.current()); without it none is considered (the configured one, else
+        the shipped default)."""
+        return self.cmc_choices(adapted)[0][1]
 
-    def cmc_choices(self, index_dir: Path | None = None) -> list[tuple[str, Path | None]]:
+    def cmc_choices(self, adapted: Path | None = None) -> list[tuple[str, Path | None]]:
         """The CMC load order as (source, checkpoint; None = the untrained CMC): SIEVE_CMC_PATH alone when set
-        ("setting"; it must fit), else the adapted CMC of `index_dir` ("adapted"), the shipped default ("shipped")
-        and the untrained CMC ("untrained"), each tried when the one before does not fit the bi-encoder."""
+        ("setting"; it must fit), else `adapted`, the index's live adapted CMC ("adapted"), the shipped default
+        ("shipped") and the untrained CMC ("untrained"), each tried when the one before does not fit the bi-encoder."""
         from sieve import checkpoints
-        from sieve.index.adapted import current_adapted
 
         if self.cmc_path is not None:
             return [("setting", None if str(self.cmc_path) == UNTRAINED else self.cmc_path)]
-        choices: list[tuple[str, Path | None]] = []
-        if index_dir is not None and (adapted := current_adapted(index_dir)) is not None:
-            choices.append(("adapted", adapted))
+        choices: list[tuple[str, Path | None]] = [("adapted", adapted)] if adapted is not None else []
         if (shipped := checkpoints.shipped(checkpoints.CMC)) is not None:
             choices.append(("shipped", shipped))
         return choices + [("untrained", None)]
+
+    def adapted_store(self, index) -> "AdaptedStore":
+        """Where the opened `index` keeps its adapted CMCs (index/adapted.py): inside SIEVE_INDEX_DIR, or inside
+        the Qdrant collection (local copies under SIEVE_CACHE_DIR/adapted)."""
+        from sieve.index.adapted import store_for
+
+        return store_for(index, self.index_dir, self.cache_dir)
+
+    def served_index(self) -> dict[str, str | None]:
+        """What this server serves (/readyz, the start-up log): the backend, where the index is (the directory,
+        or the Qdrant server's URL, local-mode directory or edge shards' directory) and the Qdrant collection."""
+        if not self.on_qdrant:
+            return {"index_backend": "local", "index_dir": str(self.index_dir), "collection": None}
+        where = self.qdrant_edge_path if self.index_backend == "qdrant-edge" else self.qdrant_url
+        return {"index_backend": self.index_backend, "index_dir": str(where), "collection": self.qdrant_collection}
 
     def resolved_cross_encoder_path(self) -> Path | None:
         """The cross-encoder to load: the configured one, else the shipped default; None = no CE stage."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from starlette.exceptions import HTTPException
 
@@ -37,11 +38,19 @@ def open_qdrant(settings: Settings, biencoder) -> QdrantIndex:
 
 class QdrantUpdater:
     """The same calls as service/updates.py's IndexUpdater, on a Qdrant collection. `encoders`: the bi-encoder
-    ("primary") and every store a loaded stage can encode; a write encodes the stores the collection holds."""
+    ("primary") and every store a loaded stage can encode; a write encodes the stores the collection holds.
+    `on_check() -> bool`: what lives beside the documents (the collection's adapted CMC, service/cmc_serving.py),
+    checked on every reload and, with `poll_s`, that often by a thread of its own; True = it changed what is served."""
 
-    def __init__(self, searcher, encoders: dict, on_write=None):
-        self.searcher, self.encoders, self.on_write = searcher, encoders, on_write
+    def __init__(self, searcher, encoders: dict, on_write=None, on_check: Callable[[], bool] | None = None,
+                 poll_s: float = 0):
+        self.searcher, self.encoders, self.on_write, self.on_check = searcher, encoders, on_write, on_check
         self.lock = threading.Lock()  # one write at a time: the generation is read, then replaced
+        self.check_lock = threading.Lock()  # one check at a time (a reload and the poll)
+        self.closing = threading.Event()
+        self.poller = threading.Thread(target=self.poll, args=(poll_s,), name="qdrant-poll", daemon=True)
+        if on_check is not None and poll_s:
+            self.poller.start()
 
     @property
     def index(self) -> QdrantIndex:
@@ -74,11 +83,26 @@ class QdrantUpdater:
             return self.result(deleted=[doc_id])
 
     def reload(self) -> dict:
-        """Nothing to swap: every search reads Qdrant; re-read the metadata and size."""
+        """No index version to swap: every search reads Qdrant; re-read the metadata and size, and check for a newly
+        published adapted CMC."""
         before = self.index.version
         self.index.check_ready()
         return {"index_version": self.index.version, "previous_version": before, "index_size": self.index.size,
-                "changed": self.index.version != before}
+                "changed": self.index.version != before, "cmc_changed": self.check()}
+
+    def check(self) -> bool:
+        if self.on_check is None:
+            return False
+        with self.check_lock:
+            try:
+                return bool(self.on_check())
+            except Exception:  # noqa: BLE001 - what is served stays as it was; the next poll or reload tries again
+                log.exception("checking Qdrant collection %r for a new adapted CMC failed", self.index.name)
+                return False
+
+    def poll(self, poll_s: float) -> None:
+        while not self.closing.wait(poll_s):
+            self.check()
 
     def close(self) -> None:
-        pass
+        self.closing.set()

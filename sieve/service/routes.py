@@ -207,7 +207,7 @@ def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
-    return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
+    return schemas.Ready(index_size=index.size, index_version=index.version, **settings.served_index(),
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
                          cmc=request.app.state.cmc.status(index))

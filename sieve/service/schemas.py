@@ -274,7 +274,9 @@ class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
     index_version: int = Field(..., description="Version of the live index.")
-    index_dir: str = Field(..., description="Index directory being served.")
+    index_backend: Literal["local", "qdrant", "qdrant-edge"] = Field("local", description="Where the served index lives (SIEVE_INDEX_BACKEND).")
+    index_dir: str = Field(..., description="Where the served index is: the index directory (local); on Qdrant, the server's URL, the local-mode directory or the qdrant-edge shards' directory.")
+    collection: str | None = Field(None, description="The Qdrant collection served (null on a local index); its adapted CMC is the one `cmc` names.")
     models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder, and "
                                           "each other registered stage with a model); null = not loaded.")
     stages: dict[str, list[str]] = Field(..., description="Stages this server can run, by role (retriever, reranker, "

@@ -17,14 +17,30 @@ log = logging.getLogger("sieve")
 
 
 def load(ctx: LoadContext) -> CMCBundle | None:
-    """The CMC in the load order of Settings.cmc_choices: SIEVE_CMC_PATH when set (it must fit), else the index's
-    adapted CMC (`sieve adapt`), else the shipped default, else the identity CMC. The shipped default was trained on
-    the packaged bi-encoder's vectors and an adapted one on the index's bi-encoder: one that does not fit the
-    configured bi-encoder is passed over (said in the log)."""
+    """The CMC in the load order of Settings.cmc_choices: SIEVE_CMC_PATH when set (it must fit), else the served
+    index's adapted CMC (`sieve adapt`; its directory's or its Qdrant collection's, never another index's), else the
+    shipped default, else the identity CMC. The shipped default was trained on the packaged bi-encoder's vectors and
+    an adapted one on the index's bi-encoder: one that does not fit the configured bi-encoder is passed over (said in
+    the log)."""
     settings = ctx.settings
     if not settings.cmc_enabled:
         return None
-    return load_first(settings.cmc_choices(settings.index_dir), ctx.biencoder, ctx.index)
+    return load_first(settings.cmc_choices(live_adapted(settings, ctx.index)), ctx.biencoder, ctx.index)
+
+
+def live_adapted(settings, index):
+    """The served index's live adapted CMC (index/adapted.py: its directory's, or its Qdrant collection's), None
+    when it was never adapted, SIEVE_CMC_PATH is set, or the store cannot be read now (said in the log: the CMC
+    after it in the load order is served, and the next check swaps the adapted one in)."""
+    if settings.cmc_path is not None:
+        return None
+    store = settings.adapted_store(index)
+    try:
+        return store.current()
+    except Exception as exc:  # noqa: BLE001 - e.g. Qdrant down at start-up: serve, and look again later
+        log.warning("could not read the adapted CMC of %s (%s); serving the next CMC in the load order", store.where,
+                    exc)
+        return None
 
 
 def load_first(choices: list, biencoder, index) -> CMCBundle:

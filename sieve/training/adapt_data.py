@@ -1,6 +1,7 @@
 """The training lists of `sieve adapt`: pseudo-queries of an index's documents, each with the candidates the served
 hybrid first stage gives it (the Searcher's own stage, `retrieve_k` deep), their evidence features and where the
-source document stands among them. Reads the index only: its documents, vectors and BM25 part.
+source document stands among them. Reads the index only: its documents, vectors and BM25 part, through the index
+contract (index/protocol.py), so a local index and a Qdrant collection are read alike (`Corpus`).
 
 Lists are mined in chunks written to the work directory (safetensors + JSON, atomically), so an interrupted
 `sieve adapt` resumes where it stopped.
@@ -19,11 +20,45 @@ import torch
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
+from sieve.index.corpus import Document
 from sieve.pipeline.evidence import FEATURES, features
 from sieve.pipeline.searcher import Searcher, SearchParams
 from sieve.training.pseudo_queries import PseudoQuery
 
 CHUNK = 512  # pseudo-queries mined per saved chunk
+
+
+@dataclass
+class Corpus:
+    """An index's documents as `sieve adapt` reads them, in a fixed order (position i: documents, vectors; the
+    lists below hold positions): each with its handle in the index (a live row, a Qdrant point id)."""
+    handles: np.ndarray  # (N,) int64
+    docs: list[Document]
+    vectors: np.ndarray  # (N, d) float32 bi-encoder vectors
+
+    def __post_init__(self):
+        self.order = np.argsort(self.handles, kind="stable")
+        self.sorted = self.handles[self.order]
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.docs]
+
+    def positions(self, handles: np.ndarray) -> np.ndarray:
+        """Positions of index handles (-1: not in this corpus, e.g. a document written after it was read)."""
+        handles = np.asarray(handles, np.int64)
+        if not len(self.sorted):
+            return np.full(len(handles), -1, np.int32)
+        at = np.searchsorted(self.sorted, handles).clip(max=len(self.sorted) - 1)
+        return np.where(self.sorted[at] == handles, self.order[at], -1).astype(np.int32)
+
+
+def read_corpus(index) -> Corpus:
+    """Every document of the index: a Qdrant collection page by page, a local index by live row."""
+    if hasattr(index, "every_point"):
+        return Corpus(*index.every_point())
+    rows = np.arange(index.size)
+    return Corpus(rows.astype(np.int64), index.documents(rows), index.embeddings(rows))
 
 
 @dataclass
@@ -78,18 +113,18 @@ def refuse(be: np.ndarray, bm25: np.ndarray, hybrid) -> np.ndarray:
     return np.argsort(-fused, kind="stable")
 
 
-def mine_chunk(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, stats=None) -> Lists:
-    """The served hybrid candidates of each pseudo-query, with evidence features as CMC sees them. A pseudo-query
-    with a `rest` sees its source as that text: the source's vector, bi-encoder and BM25 scores are recomputed from
-    it and the list re-fused, so the query is no quote of its positive."""
+def mine_chunk(searcher: Searcher, corpus: Corpus, queries: Sequence[PseudoQuery], k: int, stats=None) -> Lists:
+    """The served hybrid candidates of each pseudo-query (as corpus positions), with evidence features as CMC sees
+    them. A pseudo-query with a `rest` sees its source as that text: the source's vector, bi-encoder and BM25 scores
+    are recomputed from it and the list re-fused, so the query is no quote of its positive."""
     texts = [searcher.normalise(q.text) for q in queries]
     encoded = searcher.biencoder.encode_queries(texts).float().cpu()  # (n, d)
     searcher.embedding_cache = _Vectors(dict(zip(texts, encoded)))
     n, d = len(queries), encoded.shape[1]
-    index = searcher.index
+    sources = np.array([q.source for q in queries], np.int32)
     out = Lists(encoded.numpy().astype(np.float32), np.full((n, k), -1, np.int32),
                 np.zeros((n, k, len(FEATURES)), np.float32), np.zeros(n, np.int32), np.full(n, -1, np.int32),
-                np.array([q.source for q in queries], np.int32), index.embeddings([q.source for q in queries]))
+                sources, corpus.vectors[sources].copy())
     masked = [i for i, q in enumerate(queries) if q.rest is not None]
     if masked:
         out.source_vectors[masked] = searcher.biencoder.encode_documents([queries[i].rest for i in masked],
@@ -97,7 +132,7 @@ def mine_chunk(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, stats
     for i, text in enumerate(texts):
         outcome = searcher.search(SearchParams(text, top_k=1, retrieve_k=k, rerank="none", retriever="hybrid", cmc_k=1))
         cands = outcome.state.candidates
-        rows, be, bm25 = cands.rows, cands.scores["be"].copy(), cands.scores["bm25"].copy()
+        rows, be, bm25 = corpus.positions(cands.rows), cands.scores["be"].copy(), cands.scores["bm25"].copy()
         hit = np.flatnonzero(rows == queries[i].source)
         if len(hit) and queries[i].rest is not None:
             be[hit[0]] = out.source_vectors[i] @ out.query_vectors[i]
@@ -122,8 +157,8 @@ def _atomic_save(arrays: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def mine(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, work: Path, deadline: float | None = None,
-         progress: bool = True, stats=None) -> Lists:
+def mine(searcher: Searcher, corpus: Corpus, queries: Sequence[PseudoQuery], k: int, work: Path,
+         deadline: float | None = None, progress: bool = True, stats=None) -> Lists:
     """All chunks (those already in `work` are read back); stops early at `deadline` (time.monotonic())."""
     work.mkdir(parents=True, exist_ok=True)
     parts = []
@@ -137,7 +172,7 @@ def mine(searcher: Searcher, queries: Sequence[PseudoQuery], k: int, work: Path,
             if deadline is not None and time.monotonic() > deadline:
                 bar.write(f"time budget reached while mining: {sum(len(p) for p in parts)} pseudo-queries mined")
                 break
-            part = mine_chunk(searcher, queries[start:start + CHUNK], k, stats)
+            part = mine_chunk(searcher, corpus, queries[start:start + CHUNK], k, stats)
             _atomic_save({f: getattr(part, f) for f in Lists.__dataclass_fields__}, path)
             parts.append(part)
         bar.update(len(parts[-1]))

@@ -3,7 +3,7 @@
 Generators (pure functions of a document, the corpus statistics and a seeded random generator):
   title     the document's title (none for documents without one)
   sentence  one sentence of the text, picked at random (inverse cloze: the sentence stands for a question the
-            document answers); very short and very long sentences are passed over
+            document answers); very short sentences are passed over, very long ones are cut into word windows
   span      a window of 8-24 words cropped from the text at a random place
   terms     3-6 of the document's most salient terms (highest tf x idf over the corpus), in the order they occur:
             the shape of a short keyword query
@@ -14,6 +14,10 @@ Generators (pure functions of a document, the corpus statistics and a seeded ran
   block     ict with a longer query: a run of consecutive sentences (a third to a half of the sentences)
             is the query and the source is seen without them; the shape of argument-length queries (ArguAna's
             real queries average 190 words)
+Sentences come from sentencex (rule-based, no model: lower-case text and sentences ending " ." split as well as
+capitalised prose). Text a rule cannot split (no punctuation, run-on sentences) is cut into windows of about
+WINDOW words that stand for sentences (`parts`), so every generator works on any text of at least 2 x MIN_WORDS
+words.
 No generative model: no package here ships the weights of one (and nothing is downloaded at run time).
 `query_stats` says how close a set of queries looks to real ones: length and the share of their terms found in
 the source (or relevant) document.
@@ -28,13 +32,21 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+import sentencex
 
 from sieve.index.corpus import Document
 
 GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict", "block")
-_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _WORD_RE = re.compile(r"\S+")
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
+MIN_WORDS, MAX_WORDS = 4, 40  # a sentence query's length in words: shorter says too little, longer is cut up
+WINDOW = 20  # words in a window standing for a sentence (about a SciFact abstract's median sentence)
+# sentencex's language codes for the BM25 analyzer's languages (LexicalConfig.language); others split as English
+LANGUAGES = {"arabic": "ar", "basque": "eu", "catalan": "ca", "danish": "da", "dutch": "nl", "english": "en",
+             "finnish": "fi", "french": "fr", "german": "de", "greek": "el", "hindi": "hi", "hungarian": "hu",
+             "indonesian": "id", "irish": "ga", "italian": "it", "lithuanian": "lt", "nepali": "ne",
+             "norwegian": "no", "portuguese": "pt", "romanian": "ro", "russian": "ru", "serbian": "sr",
+             "spanish": "es", "swedish": "sv", "tamil": "ta", "turkish": "tr"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class TermStats:
         self.df = Counter(t for terms in self.doc_terms for t in set(terms))
         self.n = max(len(docs), 1)
         self.avgdl = max(sum(map(len, self.doc_terms)) / self.n, 1e-9)
+        self.language = LANGUAGES.get(getattr(analyzer.config, "language", None) or "", "en")
 
     def idf(self, term: str) -> float:
         return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
@@ -70,12 +83,36 @@ def title_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -
     return doc.title.strip() or None
 
 
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_RE.split(text) if 4 <= len(s.split()) <= 40]
+def windows(words: Sequence[str], count: int) -> list[str]:
+    """`words` cut into `count` consecutive windows of (nearly) equal length."""
+    bounds = np.linspace(0, len(words), count + 1).round().astype(int)
+    return [" ".join(words[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def parts(text: str, language: str = "en") -> list[str]:
+    """The text as consecutive parts that stand for sentences, nothing left out: its sentences (sentencex), each
+    one longer than MAX_WORDS cut into windows of about WINDOW words; a text that gives fewer than two parts (no
+    punctuation) is cut into windows of about WINDOW words, at least two when it has 2 x MIN_WORDS words."""
+    found = []
+    for sentence in sentencex.segment(language, text):
+        words = sentence.split()
+        if len(words) > MAX_WORDS:
+            found += windows(words, round(len(words) / WINDOW))
+        elif words:
+            found.append(" ".join(words))
+    words = text.split()
+    if len(found) < 2 and len(words) >= 2 * MIN_WORDS:
+        found = windows(words, max(2, round(len(words) / WINDOW)))
+    return found
+
+
+def sentences(text: str, language: str = "en") -> list[str]:
+    """The parts a sentence query may be: those of MIN_WORDS to MAX_WORDS words."""
+    return [p for p in parts(text, language) if MIN_WORDS <= len(p.split()) <= MAX_WORDS]
 
 
 def sentence_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:
-    found = sentences(doc.text)
+    found = sentences(doc.text, stats.language)
     return rng.choice(found) if found else None
 
 
@@ -109,22 +146,23 @@ def terms_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -
 
 
 def ict_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> PseudoQuery | None:
-    found = sentences(doc.text)
-    if len(found) < 2:  # the rest must still say something
+    found = parts(doc.text, stats.language)
+    allowed = [i for i, p in enumerate(found) if MIN_WORDS <= len(p.split()) <= MAX_WORDS]
+    if len(found) < 2 or not allowed:  # the rest must still say something
         return None
-    picked = rng.choice(found)
-    rest = " ".join(s for s in _SENTENCE_RE.split(doc.text) if s.strip() != picked)
-    return PseudoQuery(picked, row, f"{doc.title} {rest}".strip())
+    picked = rng.choice(allowed)
+    rest = " ".join(found[:picked] + found[picked + 1:])
+    return PseudoQuery(found[picked], row, f"{doc.title} {rest}".strip())
 
 
 def block_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> PseudoQuery | None:
-    parts = [s.strip() for s in _SENTENCE_RE.split(doc.text) if s.strip()]
-    if len(parts) < 3:  # the rest must keep at least half of the text
+    found = parts(doc.text, stats.language)
+    if len(found) < 3:  # the rest must keep at least half of the text
         return None
-    size = rng.randint(max(1, len(parts) // 3), max(1, len(parts) // 2))
-    start = rng.randint(0, len(parts) - size)
-    rest = " ".join(parts[:start] + parts[start + size:])
-    return PseudoQuery(" ".join(parts[start:start + size]), row, f"{doc.title} {rest}".strip())
+    size = rng.randint(max(1, len(found) // 3), max(1, len(found) // 2))
+    start = rng.randint(0, len(found) - size)
+    rest = " ".join(found[:start] + found[start + size:])
+    return PseudoQuery(" ".join(found[start:start + size]), row, f"{doc.title} {rest}".strip())
 
 
 def mix_query(doc: Document, rng: random.Random, stats: TermStats, row: int) -> str | None:

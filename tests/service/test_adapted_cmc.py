@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from sieve import checkpoints
 from sieve.index import SearchIndex
+from sieve.index.adapted import current_adapted
 from sieve.pipeline.searcher import Searcher
 from sieve.service.app import create_app, fingerprint
 from sieve.service.components import Components
@@ -31,29 +32,31 @@ def live_ids(index_dir: Path) -> list[str]:
 def test_load_order_is_setting_then_adapted_then_shipped(index_copy, biencoder):
     shipped = checkpoints.shipped(checkpoints.CMC)
     settings = Settings(index_dir=index_copy)
-    assert settings.cmc_choices(index_copy) == [("shipped", shipped), ("untrained", None)]  # never adapted
+    assert current_adapted(index_copy) is None  # never adapted
+    assert settings.cmc_choices(current_adapted(index_copy)) == [("shipped", shipped), ("untrained", None)]
     adapted = publish_adapted(index_copy, biencoder, live_ids(index_copy), seed=1)
-    assert settings.cmc_choices(index_copy) == [("adapted", adapted), ("shipped", shipped), ("untrained", None)]
-    assert settings.resolved_cmc_path(index_copy) == adapted
+    assert current_adapted(index_copy) == adapted
+    assert settings.cmc_choices(adapted) == [("adapted", adapted), ("shipped", shipped), ("untrained", None)]
+    assert settings.resolved_cmc_path(adapted) == adapted
     assert settings.resolved_cmc_path() == shipped  # without an index (eval's document stores): no adapted CMC
     explicit = Settings(index_dir=index_copy, cmc_path="shipped:cmc")
-    assert explicit.cmc_choices(index_copy) == [("setting", checkpoints.ROOT / "cmc")]
-    assert Settings(index_dir=index_copy, cmc_path="untrained").cmc_choices(index_copy) == [("setting", None)]
+    assert explicit.cmc_choices(adapted) == [("setting", checkpoints.ROOT / "cmc")]
+    assert Settings(index_dir=index_copy, cmc_path="untrained").cmc_choices(adapted) == [("setting", None)]
     with SearchIndex.load(index_copy) as index:
-        served = load_first(settings.cmc_choices(index_copy), biencoder, index)
+        served = load_first(settings.cmc_choices(adapted), biencoder, index)
         assert (served.path, served.name) == (adapted, NAME)
-        assert load_first(explicit.cmc_choices(index_copy), biencoder, index).path == checkpoints.ROOT / "cmc"
+        assert load_first(explicit.cmc_choices(adapted), biencoder, index).path == checkpoints.ROOT / "cmc"
 
 
 def test_an_adapted_cmc_for_another_biencoder_is_passed_over_for_the_shipped_one(index_copy, biencoder, caplog):
     adapted = publish_adapted(index_copy, biencoder, live_ids(index_copy), seed=2, base_model_hash="0" * 64)
     settings = Settings(index_dir=index_copy)
     with SearchIndex.load(index_copy) as index, caplog.at_level(logging.WARNING, logger="sieve"):
-        served = load_first(settings.cmc_choices(index_copy), biencoder, index)
+        served = load_first(settings.cmc_choices(adapted), biencoder, index)
         assert served.path == checkpoints.shipped(checkpoints.CMC)
         assert any(str(adapted) in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
         with pytest.raises(ValueError, match="bi-encoder"):  # named explicitly, it must fit
-            load_first(Settings(index_dir=index_copy, cmc_path=adapted).cmc_choices(index_copy), biencoder, index)
+            load_first(Settings(index_dir=index_copy, cmc_path=adapted).cmc_choices(adapted), biencoder, index)
 
 
 def test_the_fingerprint_differs_between_two_adapted_versions(index_copy, biencoder):

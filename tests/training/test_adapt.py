@@ -1,8 +1,10 @@
 """`sieve adapt`: reads only the index, refuses what it cannot do, resumes after a kill, installs atomically."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +66,32 @@ def run_adapt(*args: str) -> int:
     return 0
 
 
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every path under `folder` with its content's sha256 (directories: "dir"): equal snapshots = nothing added,
+    removed or changed."""
+    return {str(p.relative_to(folder)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))}
+
+
+def lower_case(text: str) -> str:
+    """Lower-case, punctuation split off as tokens: sentences end " ." (tokenised abstracts)."""
+    return " ".join(re.sub(r"([.!?,;:()])", r" \1 ", text.lower()).split())
+
+
+def unpunctuated(text: str) -> str:
+    """Neither capitals nor punctuation."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def build_rewritten(folder: Path, rewrite, biencoder, cache_dir) -> Path:
+    """The demo corpus with every title and text rewritten, as an index at folder/index."""
+    from sieve.index import Document
+
+    docs = [Document(d.id, rewrite(d.title), rewrite(d.text)) for d in read_beir_corpus(DEMO_CORPUS)]
+    build_index(docs, biencoder, folder / "index", cache_dir=cache_dir, progress=False)
+    return folder / "index"
+
+
 def test_adapt_reads_the_index_only(index, beir_folder):
     env = {**os.environ, "SIEVE_TORCH_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", AUDITED, "adapt", "--index", str(index), "--steps", "60",
@@ -78,21 +106,66 @@ def test_adapt_reads_the_index_only(index, beir_folder):
     assert (current_adapted(index) is not None) == (done.returncode == 0)
 
 
-def test_zero_steps_is_not_installed(index, capsys):
+def test_zero_steps_is_not_installed_and_leaves_the_index_as_it_was(index, capsys):
+    before = snapshot(index)
     assert run_adapt("--index", str(index), "--steps", "0") == 3
-    assert "NOT INSTALLED" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "NOT INSTALLED" in err
     assert current_adapted(index) is None
-    report = json.loads((adapted_dir(index) / ".work" / "report.json").read_text())
-    assert "no training step" in report["not_installed"]
+    report = json.loads(out[out.index("{"):])  # the report is printed, not left in the index
+    assert report["installed"] is None and "no training step" in report["not_installed"]
+    assert report["pseudo_queries"] == 60 and report["lists"]["heldout"] >= 5
+    assert snapshot(index) == before  # no adapted/.lock, no adapted/.work, no adapted/
 
 
 def test_too_small_an_index_is_refused(tmp_path, biencoder, cache_dir, capsys):
     small = tmp_path / "small"
     build_index(read_beir_corpus(DEMO_CORPUS)[:20], biencoder, small, cache_dir=cache_dir, progress=False)
+    before = snapshot(small)
     assert run_adapt("--index", str(small)) == 2
     assert "needs at least 40" in capsys.readouterr().err
+    assert snapshot(small) == before
     with pytest.raises(SystemExit, match="no index"):
         main(["adapt", "--index", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("rewrite", [lower_case, unpunctuated], ids=["lower-case", "unpunctuated"])
+def test_text_without_capitals_or_punctuation_adapts_and_installs(tmp_path, biencoder, cache_dir, capsys, rewrite):
+    """The splitter that once needed a capital after a full stop made no pseudo-query of such text (issue 35)."""
+    index = build_rewritten(tmp_path, rewrite, biencoder, cache_dir)
+    assert run_adapt("--index", str(index), "--steps", "50") == 0, capsys.readouterr().err[-3000:]
+    err = capsys.readouterr().err
+    assert "60 pseudo-queries (ict) from 60 documents" in err
+    assert current_adapted(index) is not None
+    assert sorted(p.name for p in adapted_dir(index).iterdir()) == ["CURRENT", current_adapted(index).name]
+
+
+def test_a_refusal_names_the_step_that_lost_the_pseudo_queries_and_leaves_the_index_as_it_was(
+        tmp_path, biencoder, cache_dir, capsys):
+    index = build_rewritten(tmp_path, lambda text: " ".join(text.split()[:3]), biencoder, cache_dir)  # 3 words each
+    before = snapshot(index)
+    assert run_adapt("--index", str(index), "--steps", "10") == 2
+    err = capsys.readouterr().err
+    assert "the ict generator made 0 pseudo-queries from 60 documents: 60 gave none (median length 3 words" in err
+    assert "What to try: try --generator terms" in err
+    assert "find their source document among the candidates" not in err  # the old message, which named no cause
+    assert snapshot(index) == before
+
+
+def test_shortfall_names_each_cause():
+    from sieve.training.adapt import AdaptConfig
+    from sieve.training.adapt_run import shortfall
+
+    cfg = AdaptConfig()
+    assert shortfall(cfg, 1400, 1400, 1400, 1390, 1100, 290, 512, None) is None
+    few_made = shortfall(cfg, 1400, 15, 15, 15, 13, 2, 512, 9.0)
+    assert few_made.startswith("13 pseudo-queries to train on (needs 16) and 2 held out (needs 5)")
+    assert "made 15 pseudo-queries from 1400 documents: 1385 gave none (median length 9 words" in few_made
+    missed = shortfall(cfg, 1400, 1400, 1400, 12, 10, 2, 512, None)
+    assert "only 12 find their source document among the top 512 candidates" in missed
+    assert "SIEVE_LEXICAL_LANGUAGE" in missed
+    small = shortfall(cfg, 45, 45, 45, 40, 36, 4, 45, None)
+    assert "too small for a held-out check" in small and "--per-doc" in small
 
 
 def test_resumes_after_sigkill(index, capsys):
@@ -123,9 +196,10 @@ def test_resumes_after_sigkill(index, capsys):
 
 
 def test_install_publishes_a_loadable_cmc(index, biencoder):
+    from sieve.index.adapted import LocalAdapted
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.training.adapt import AdaptConfig, new_model
-    from sieve.training.adapt_cli import install
+    from sieve.training.adapt_run import install
 
     cfg = AdaptConfig(n_layers=1)
     model = new_model(cfg, biencoder.dim, None)
@@ -139,7 +213,8 @@ def test_install_publishes_a_loadable_cmc(index, biencoder):
                "steps": 100, "history": [], "config": {**cfg.__dict__}, "wall_s": 1.0,
                "metrics": {"heldout_documents": metrics, "training_documents": metrics}}
     ids = [f"d{i}" for i in range(60)]
-    path = install(index, model, biencoder, ids, "sha", summary, cfg)
+    store = LocalAdapted(index)
+    path = install(store, model, biencoder, ids, "sha", summary, cfg)
     assert current_adapted(index) == path
     assert adapted_documents(path) == set(ids)
     bundle = load_cmc(path, biencoder)
@@ -149,7 +224,7 @@ def test_install_publishes_a_loadable_cmc(index, biencoder):
     assert config["metadata"]["adapted"]["documents"] == 60
     card = (path / "model_card.md").read_text()
     assert "0.6000" in card and "held out" in card
-    second = install(index, model, biencoder, ids, "sha", summary, cfg)
+    second = install(store, model, biencoder, ids, "sha", summary, cfg)
     assert current_adapted(index) == second != path
 
 

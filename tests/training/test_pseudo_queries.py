@@ -1,11 +1,14 @@
 """Pseudo-query generators: every query comes from its source document, in the shape each generator promises."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from sieve.index import read_beir_corpus
+from sieve.index import Document, read_beir_corpus
 from sieve.index.lexical import Analyzer, LexicalConfig
-from sieve.training.pseudo_queries import GENERATORS, TermStats, generate, query_stats
+from sieve.training.pseudo_queries import (GENERATORS, MAX_WORDS, MIN_WORDS, TermStats, generate, parts, query_stats,
+                                           sentences)
 from tests.conftest import DEMO_CORPUS
 
 
@@ -70,3 +73,44 @@ def test_block_queries_are_a_run_of_sentences_cut_from_their_source(corpus):
         assert 4 <= q.text.count("Sentence number") <= 6  # a third to a half of the 12 sentences, consecutive
         numbers = [int(w) for w in q.text.replace(".", "").split() if w.isdigit()]
         assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+
+
+LOWER = ("the cells were grown in culture for 3 days . results show a 2.5 fold increase in expression ( p < 0.05 ) . "
+         "we conclude that the effect holds , e.g. in mice . fig. 2 shows the dose response in detail .")
+
+
+def test_lower_case_sentences_ending_with_a_spaced_full_stop_are_split():
+    found = parts(LOWER)
+    assert found == ["the cells were grown in culture for 3 days .",
+                     "results show a 2.5 fold increase in expression ( p < 0.05 ) .",
+                     "we conclude that the effect holds , e.g. in mice .",  # no split after the abbreviation
+                     "fig. 2 shows the dose response in detail ."]
+
+
+def test_text_without_punctuation_is_cut_into_word_windows_covering_it_all():
+    words = [f"w{i}" for i in range(93)]
+    found = parts(" ".join(words))
+    assert len(found) == 5 and all(MIN_WORDS <= len(p.split()) <= MAX_WORDS for p in found)
+    assert " ".join(found).split() == words  # consecutive, nothing lost or repeated
+    assert parts("one two three four five six seven eight") == ["one two three four", "five six seven eight"]
+    assert parts("too short to cut") == ["too short to cut"]
+
+
+def test_an_over_long_sentence_is_cut_and_short_parts_are_no_sentence_query():
+    long_sentence = " ".join(f"w{i}" for i in range(60)) + "."
+    found = parts(f"A short one. {long_sentence} Another sentence of several words here.")
+    assert [len(p.split()) for p in found] == [3, 20, 20, 20, 6]  # 60 words: 3 windows of about WINDOW
+    assert sentences(f"A short one. {long_sentence}") == found[1:4]
+
+
+@pytest.mark.parametrize("text", [LOWER, " ".join(re.sub(r"[^\w\s]", " ", LOWER * 2).split())],
+                         ids=["lower-case", "unpunctuated"])
+def test_ict_and_block_work_on_lower_case_and_unpunctuated_text(text):
+    doc = Document("d", "", text)
+    stats = TermStats(Analyzer(LexicalConfig()), [doc])
+    for generator in ("ict", "block", "sentence"):
+        made = generate(generator, [doc], [0] * 5, stats, seed=1)
+        assert made, generator
+        for q in made:
+            if q.rest is not None:
+                assert sorted((q.text + " " + q.rest).split()) == sorted(text.split())  # the text, split in two
