@@ -278,8 +278,10 @@ def run_server(settings: Settings) -> None:
     # also bounds the time they may take
     # on SIGTERM, requests in flight finish within their deadline (partial answers); this bounds the wait anyway
     grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
+    rejected = app.state.metrics.rejected
+    protocol = bounded_h11(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc())
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes,
+                http=protocol, h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_graceful_shutdown=grace_s)
 
 

@@ -178,7 +178,10 @@ def create_app(settings: Settings | None = None,
         app.state.updater.close()
         app.state.components.close()
 
-    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None)
+    # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
+    # match exactly (POST /search/ is a JSON 404 naming /search, not a 307 with an empty body)
+    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, redirect_slashes=False)
     serve_docs(app)
     app.state.settings = settings
     app.state.metrics = Metrics()

@@ -21,6 +21,19 @@ def error_body(status: int, code: str, message: str, headers: dict | None = None
     return JSONResponse(status_code=status, content={"error": info}, headers=headers)
 
 
+MALFORMED = "a JSON object as described at /docs"
+# why json.loads failed where it raises something other than a JSONDecodeError (FastAPI answers those 400
+# "There was an error parsing the body"): the bytes are not UTF-8, the nesting passes the parser's recursion limit,
+# or an integer passes Python's digit limit
+PARSE_FAILURES = ((UnicodeDecodeError, "the request body is not UTF-8 text"),
+                  (RecursionError, "the request body is nested too deeply"),
+                  (ValueError, "the request body holds a number too long to read"))
+
+
+def malformed_json(message: str = "the request body is not valid JSON") -> JSONResponse:
+    return error_body(400, "malformed_json", message, field="body", allowed=MALFORMED)
+
+
 def describe(error: dict) -> dict:
     field = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
     return {"field": field or None, "message": error.get("msg", "invalid"), "type": error.get("type")}
@@ -29,8 +42,7 @@ def describe(error: dict) -> dict:
 async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return error_body(400, "malformed_json", "the request body is not valid JSON",
-                          allowed="a JSON object as described at /docs")
+        return malformed_json()
     content_type = request.headers.get("content-type", "")
     if "json" not in content_type.lower() and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
         return error_body(422, "not_json", f"the body was sent as {content_type or 'no content type'}, so it was "
@@ -38,7 +50,10 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
                           allowed="a JSON object sent with the header Content-Type: application/json")
     details = [describe(e) for e in errors]
     summary = "; ".join(f"{d['field']}: {d['message']}" if d["field"] else d["message"] for d in details)
-    return error_body(422, "validation_error", summary, details=details, allowed="see the request schema at /docs")
+    # `field` at the top level too (the first field at fault; `details` has one entry per problem)
+    field = next((d["field"] for d in details if d["field"]), "body")
+    return error_body(422, "validation_error", summary, field=field, details=details,
+                      allowed="see the request schema at /docs")
 
 
 async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
@@ -78,7 +93,27 @@ HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 
               413: "body_too_large", 429: "rate_limited"}
 
 
+def parse_failure(exc: StarletteHTTPException) -> str | None:
+    """What was wrong with a body json.loads could not read, when that is why FastAPI raised this 400."""
+    if exc.status_code != 400:
+        return None
+    return next((message for kind, message in PARSE_FAILURES if isinstance(exc.__cause__, kind)), None)
+
+
+def route_without_slash(request: Request) -> str | None:
+    """`/search` when `/search/` was asked for: routes are matched exactly (no 307 redirect, which would answer an
+    empty body and make clients send the POST body twice)."""
+    path = request.url.path.rstrip("/")
+    if path == request.url.path or not path:
+        return None
+    return path if any(getattr(route, "path", None) == path for route in request.app.routes) else None
+
+
 async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if (message := parse_failure(exc)) is not None:
+        return malformed_json(message)
+    if exc.status_code == 404 and (path := route_without_slash(request)) is not None:
+        return error_body(404, "not_found", f"no route {request.url.path}", allowed=f"{path} (without the slash)")
     return error_body(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail),
                       headers=getattr(exc, "headers", None))
 

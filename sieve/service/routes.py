@@ -202,15 +202,36 @@ def healthz():
     return schemas.Health()
 
 
+def shows_paths(request: Request) -> bool:
+    """Whether this /readyz caller may see the server's file paths: only one with a valid API key (a server without
+    keys shows none). /readyz stays open to probes; a wrong key spends its address's bucket as on the guarded routes
+    (429 once empty), so /readyz is no way around the rate limit for guessing keys."""
+    state, header = request.app.state, request.headers.get("authorization")
+    if not state.auth.enabled or not header:
+        return False
+    try:
+        return state.auth.identify(header) is not None
+    except Unauthorized:
+        state.metrics.rejected.labels(reason="unauthorized").inc()
+        limit(state, f"auth-failed:{request.client.host if request.client else 'anonymous'}")
+        return False
+
+
 @router.get("/readyz", response_model=schemas.Ready, tags=["health"])
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
-    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
+    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from. File paths only
+    for a caller with a valid API key: anyone else gets the index directory's name and no checkpoint path."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
-    return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
+    paths = shows_paths(request)
+    cmc = request.app.state.cmc.status(index)
+    if cmc is not None and not paths:
+        cmc = cmc.model_copy(update={"path": None})
+    return schemas.Ready(index_size=index.size, index_version=index.version,
+                         index_dir=str(settings.index_dir) if paths else settings.index_dir.resolve().name,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=request.app.state.cmc.status(index))
+                         cmc=cmc)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)
