@@ -25,8 +25,8 @@ EXIT_NOT_INSTALLED = 3
 
 
 def register(sub) -> None:
-    from sieve.training.adapt import AdaptConfig, STARTS
-    from sieve.training.pseudo_queries import GENERATORS
+    from sieve.training.adapt_config import AdaptConfig
+    from sieve.training.choices import GENERATORS, STARTS
 
     d = AdaptConfig()
     p = sub.add_parser("adapt", help="train CMC on an index's own documents (pseudo-queries; no queries or labels)")
@@ -59,7 +59,7 @@ def log(message: str) -> None:
 
 
 def config_of(args) -> "AdaptConfig":
-    from sieve.training.adapt import AdaptConfig
+    from sieve.training.adapt_config import AdaptConfig
 
     return AdaptConfig(generator=args.generator, per_doc=args.per_doc, max_queries=args.max_queries, k=args.retrieve_k, train_k=args.train_k,
                        n_layers=args.layers, steps=args.steps, batch_queries=args.batch, lr=args.lr, evidence_lr=args.evidence_lr, start=args.start,

@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from sieve.index.corpus import Document
+from sieve.training.choices import GENERATORS
 
-GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict", "block")
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _WORD_RE = re.compile(r"\S+")
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
