@@ -82,21 +82,36 @@ def too_much_work(tokens: str, limit: int) -> TooMuchWork:
                        "or ids of indexed documents")
 
 
-DEADLINE_STEP = 8  # texts encoded between two deadline checks: 8 x 256 tokens is ~0.7 s on 2 CPU cores
+# tokens encoded between two deadline checks: the most a request runs past its deadline is one step
+# (benchmarks/results/rerank_cap.json measures it); a whole batch of 32 long texts once overran a 10 s deadline by
+# 12 s on a loaded host, and 8 texts of 256 tokens by 1.7 s on a 2 s deadline
+DEADLINE_STEP_TOKENS = 1024
+
+
+def steps_under(lengths: Sequence[int], budget: int, most: int) -> list[list[int]]:
+    """Consecutive positions grouped so that each group's tokens stay under `budget` (a text longer than the
+    budget is a step of its own) and no group holds more than `most`."""
+    steps, current, tokens = [], [], 0
+    for position, length in enumerate(lengths):
+        if current and (tokens + length > budget or len(current) == most):
+            steps.append(current)
+            current, tokens = [], 0
+        current.append(position)
+        tokens += length
+    return steps + [current] if current else steps
 
 
 def encode_within(tower: TextEncoder, texts: list[str], deadline: float | None) -> np.ndarray | None:
-    """(N, d) vectors, a few texts at a time (longest first); None when the deadline has passed (or the client has
-    gone) with texts still to go. A request is late by at most one step (DEADLINE_STEP texts, fewer with a smaller
-    tower.batch_size: a whole batch of 32 long texts once overran a 10 s deadline by 12 s on a loaded host), and one
-    step always runs."""
+    """(N, d) vectors, a few texts at a time (longest first, at most DEADLINE_STEP_TOKENS real tokens and
+    tower.batch_size texts a step); None when the deadline has passed (or the client has gone) with texts still to
+    go. A request is late by at most one step, and one step always runs."""
     order = np.argsort([-len(t) for t in texts], kind="stable")
+    lengths = token_lengths(tower.tokenizer, [texts[i] for i in order], tower.lengths.doc_max_length)
     out = np.empty((len(texts), tower.dim), dtype=np.float32)
-    step = min(tower.batch_size, DEADLINE_STEP)
-    for start in range(0, len(texts), step):
-        if start and expired(deadline):
+    for n, step in enumerate(steps_under(lengths, DEADLINE_STEP_TOKENS, tower.batch_size)):
+        if n and expired(deadline):
             return None
-        idx = order[start:start + step]
+        idx = order[step]
         out[idx] = tower.encode_documents([texts[i] for i in idx], progress=False)
     return out
 

@@ -3,11 +3,13 @@ traceback in the body."""
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from sieve.index import IndexDiskFullError, IndexMismatchError, UnknownDocumentError
 from sieve.index.errors import IndexUnavailableError
@@ -34,8 +36,19 @@ def malformed_json(message: str = "the request body is not valid JSON") -> JSONR
     return error_body(400, "malformed_json", message, field="body", allowed=MALFORMED)
 
 
+FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # every request field is snake_case
+TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's names of union members
+
+
+def field_path(loc) -> str:
+    """`documents.0.text` from pydantic's location: "body" and the tags pydantic adds for the member of a union
+    (`function-after[...]`, `RerankDocument`, `str`) are left out."""
+    parts = [str(p) for p in loc if isinstance(p, int) or (p != "body" and FIELD_NAME.match(p) and p not in TYPE_TAGS)]
+    return ".".join(parts)
+
+
 def describe(error: dict) -> dict:
-    field = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    field = field_path(error.get("loc", ()))
     return {"field": field or None, "message": error.get("msg", "invalid"), "type": error.get("type")}
 
 
@@ -100,13 +113,36 @@ def parse_failure(exc: StarletteHTTPException) -> str | None:
     return next((message for kind, message in PARSE_FAILURES if isinstance(exc.__cause__, kind)), None)
 
 
+def leaf_routes(routes) -> list:
+    """Every route with a path, an included router's too (newer FastAPI keeps an included router as one entry
+    holding its routes under `original_router`; Sieve includes its routers without a prefix)."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(leaf_routes(inner.routes) if inner is not None else [route])
+    return out
+
+
+def route_template(app, scope) -> str | None:
+    """The path template (`/documents/{doc_id}`) of the route this request's path names, whatever its method; None
+    when no route does. For requests answered before routing (a hang-up mid-body, a limit): their endpoint label."""
+    partial = None
+    for route in leaf_routes(app.router.routes):
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return getattr(route, "path", None)
+        if match is Match.PARTIAL and partial is None:  # the path matches, the method does not
+            partial = getattr(route, "path", None)
+    return partial
+
+
 def route_without_slash(request: Request) -> str | None:
     """`/search` when `/search/` was asked for: routes are matched exactly (no 307 redirect, which would answer an
     empty body and make clients send the POST body twice)."""
     path = request.url.path.rstrip("/")
     if path == request.url.path or not path:
         return None
-    return path if any(getattr(route, "path", None) == path for route in request.app.routes) else None
+    return route_template(request.app, {**request.scope, "path": path})
 
 
 async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

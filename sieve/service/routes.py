@@ -226,7 +226,7 @@ def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     paths = shows_paths(request)
     cmc = request.app.state.cmc.status(index)
     if cmc is not None and not paths:
-        cmc = cmc.model_copy(update={"path": None})
+        cmc = {**cmc, "path": None}
     return schemas.Ready(index_size=index.size, index_version=index.version,
                          index_dir=str(settings.index_dir) if paths else settings.index_dir.resolve().name,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
