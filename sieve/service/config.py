@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued).")
     cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
     ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head converts, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
-    ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
+    ce_batch_tokens: int = Field(2048, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass; also the most a request can run past its deadline in the cross-encoder (one pass: about 0.5 s on 2 CPU cores; 8192 once overran a 2 s deadline by 1.7 s on a loaded host, and on this CPU it scored no faster per token).")
     # deadlines
     default_timeout_ms: int | None = Field(10_000, ge=1, description="Deadline of a /search, /rerank or /v2/rerank that gives no timeout_ms (stages that do not fit are skipped: partial answer); empty = none. 10 s: about 10x the slowest ordinary request on 2 CPU cores (a /search with the cross-encoder), and a /rerank at SIEVE_RERANK_MAX_TOKENS fits in it.")
     stage_budgets_ms: dict[str, float] = Field(default_factory=dict, description='Per-stage budgets, JSON: {"cmc": 200, "ce": 1000}.')

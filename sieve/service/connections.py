@@ -16,6 +16,9 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
+LINGER_S = 2.0  # the most a refused connection is kept reading (and dropping) what its client still sends
+
+
 def rejection(code: str, message: str, allowed: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message, "allowed": allowed}}).encode()
 
@@ -39,7 +42,20 @@ class BoundedH11Protocol(H11Protocol):
                    (b"content-length", str(len(body)).encode())]
         for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
-        self.transport.close()
+        self.linger()
+
+    def linger(self) -> None:
+        """Lingering close, as nginx does: stop writing, then read and drop what the client still sends for up to
+        LINGER_S before closing. Closing at once with its headers still arriving would reset the connection, and
+        the client's TCP stack could drop the answer it had not read yet."""
+        self.lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not getattr(self, "lingering", False):  # after an answer that closes the connection: dropped
+            super().data_received(data)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
