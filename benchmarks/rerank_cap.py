@@ -114,8 +114,12 @@ def main() -> None:
     cap = Settings(_env_file=None).rerank_max_tokens
     pool = passages(args.data / "corpus.jsonl", 400, args.seed)
     docs = pool[:100]
-    counts, cap_docs = [tokens_of([text]) for text in pool], []
-    for text, count in zip(pool, counts):  # as many as fit under the cap, counted as the cap counts them
+    qs = queries(args.data, args.repeats, args.seed)
+    # as many as fit under the cap for both rerankers, counted as the cap counts them: the cross-encoder reads each
+    # passage with the query (its tokens and a separator; the longest query of the run)
+    per_pair = max(len(tokenizer()(q, add_special_tokens=False)["input_ids"]) for q in qs) + 1
+    counts, cap_docs = [tokens_of([text]) + per_pair for text in pool], []
+    for text in pool:
         if sum(counts[:len(cap_docs) + 1]) > cap:
             break
         cap_docs.append(text)
@@ -133,14 +137,15 @@ def main() -> None:
         server = Server({"SIEVE_INDEX_DIR": str(args.index)}, Path(logs) / "server.log", shipped_models=True,
                         cwd=args.tree)
         try:
-            cases = run(server, docs, cap_docs, queries(args.data, args.repeats, args.seed), args.repeats)
+            cases = run(server, docs, cap_docs, qs, args.repeats)
         finally:
             server.stop()
     result = {"machine": info | {"load_avg_end": list(os.getloadavg())}, "tree": str(args.tree),
               "command": " ".join(sys.argv), "rerank_max_tokens": cap,
               "typical": {"documents": len(docs), "characters": [min(map(len, docs)), max(map(len, docs))],
-                          "tokens": tokens_of(docs)},
-              "at_cap": {"documents": len(cap_docs), "tokens": tokens_of(cap_docs)},
+                          "tokens_cmc": tokens_of(docs), "tokens_ce_at_most": tokens_of(docs) + per_pair * len(docs)},
+              "at_cap": {"documents": len(cap_docs), "tokens_cmc": tokens_of(cap_docs),
+                         "tokens_ce_at_most": tokens_of(cap_docs) + per_pair * len(cap_docs)},
               "deadline_s": DEADLINE_S, "cases": cases}
     print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=1))
     if args.out:

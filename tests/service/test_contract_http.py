@@ -152,3 +152,21 @@ def test_readyz_shows_no_file_paths_without_a_key(client, guarded_server, fresh_
         full = guarded.get("/readyz", headers=auth(fresh_key())).json()
         assert full["index_dir"].startswith("/"), full
     assert API_KEYS  # the guarded server's keys are the suite's (tests/service/conftest.py)
+
+
+# -- item 0: the most common /rerank fits the work cap ----------------------------------------------------------
+def test_a_rerank_of_ordinary_passages_is_not_refused(client):
+    """Passages of 300-500 characters: about 90 real tokens each, 258 each by the old bound (characters + 2). This
+    server takes 50 documents and 12,000 tokens, so 50 of them; tests/pipeline/test_work_cap.py has 100 against
+    the default cap."""
+    """100 passages of 300-500 characters: about 90 real tokens each, 258 each by the old characters + 2 bound
+    (this server's cap is 12,000 tokens, below the default; the character bound would have refused them)."""
+    from tests.pipeline.test_work_cap import ordinary_passages
+
+    passages = ordinary_passages(50)
+    for path, extra in (("/rerank", {}), ("/v2/rerank", {"model": "cmc"})):
+        reply = client.post(path, json={"query": "how do volcanoes erupt", "documents": passages, **extra})
+        assert reply.status_code == 200, reply.text[:300]
+        assert len(reply.json()["results"]) == 50
+    huge = client.post("/rerank", json={"query": "q", "documents": ["lorem ipsum dolor sit amet " * 185] * 50})
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "too_much_work"
