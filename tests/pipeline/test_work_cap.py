@@ -3,8 +3,6 @@
 before any work; and no step between two deadline checks reads more than one step's tokens."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -15,20 +13,8 @@ from sieve.pipeline.errors import TooMuchWork
 from sieve.pipeline.rerank_inputs import DEADLINE_STEP_TOKENS, check_work, encode_within, token_lengths
 from sieve.service.config import Settings
 from sieve.stages.ce import query_cost
-from tests.conftest import DEMO_CORPUS
+from tests.conftest import ordinary_passages
 from tests.fakes import packaged_tokenizer, tiny_biencoder
-
-
-def ordinary_passages(n: int = 100) -> list[str]:
-    """n English passages of 300-500 characters (the demo corpus's texts run together, cut after a word)."""
-    texts = [json.loads(line)["text"] for line in DEMO_CORPUS.open()]
-    out = []
-    for i in range(n):
-        joined = " ".join(texts[(i + j) % len(texts)] for j in range(3))
-        cut = joined[:300 + (i * 37) % 200]
-        out.append(cut[:cut.rfind(" ")])
-    assert all(290 <= len(p) <= 500 for p in out)
-    return out
 
 
 def test_a_hundred_ordinary_passages_fit_the_default_cap_for_both_rerankers():

@@ -161,7 +161,7 @@ def test_a_rerank_of_ordinary_passages_is_not_refused(client):
     the default cap."""
     """100 passages of 300-500 characters: about 90 real tokens each, 258 each by the old characters + 2 bound
     (this server's cap is 12,000 tokens, below the default; the character bound would have refused them)."""
-    from tests.pipeline.test_work_cap import ordinary_passages
+    from tests.conftest import ordinary_passages
 
     passages = ordinary_passages(50)
     for path, extra in (("/rerank", {}), ("/v2/rerank", {"model": "cmc"})):
