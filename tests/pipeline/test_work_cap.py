@@ -9,12 +9,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from sieve import checkpoints
+from sieve.models.text_encoder import EncoderLengths
 from sieve.pipeline.errors import TooMuchWork
 from sieve.pipeline.rerank_inputs import DEADLINE_STEP_TOKENS, check_work, encode_within, token_lengths
 from sieve.service.config import Settings
 from sieve.stages.ce import query_cost
 from tests.conftest import ordinary_passages
-from tests.fakes import packaged_tokenizer, tiny_biencoder
+from tests.fakes import packaged_tokenizer
 
 
 def test_a_hundred_ordinary_passages_fit_the_default_cap_for_both_rerankers():
@@ -43,11 +44,11 @@ def test_past_the_cap_is_refused_counting_no_more_than_it_must():
 
 
 class RecordingTower:
-    """The bi-encoder's tokenizer and lengths; records the tokens of each forward pass instead of running one."""
+    """The served bi-encoder's tokenizer and lengths (256 document tokens); records the tokens of each forward pass
+    instead of running one."""
 
     def __init__(self):
-        real = tiny_biencoder()
-        self.tokenizer, self.lengths, self.dim, self.batch_size = real.tokenizer, real.lengths, 4, 32
+        self.tokenizer, self.lengths, self.dim, self.batch_size = packaged_tokenizer(), EncoderLengths(64, 256), 4, 32
         self.passes: list[int] = []
 
     def encode_documents(self, texts, progress=False):

@@ -156,6 +156,7 @@ def wrong_type_property(data, url, operation, typed):
     reply = httpx.post(f"{url}{operation.path}", json=body, timeout=60)
     assert reply.status_code == 422, (operation.path, body, reply.status_code, reply.text[:300])
     error = error_of(422, reply.headers.get("content-type"), reply.content)
+    assert error["code"] == "validation_error", f"{name}={body[name]!r} was not refused by the schema: {error}"
     assert error["field"] and any(d["field"] == name for d in error["details"]), (body, error)
 
 
