@@ -7,10 +7,13 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sieve.research.anncur import cli as anncur_cli
 from sieve.research.mix import cli as mix_cli
-from sieve.service.config import Settings
+
+if TYPE_CHECKING:  # imported where used: `sieve --help` and argument errors import nothing heavy (not even pydantic)
+    from sieve.service.config import Settings
 
 DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
 
@@ -98,7 +101,9 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collection", help="Qdrant collection (SIEVE_QDRANT_COLLECTION)")
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace) -> "Settings":
+    from sieve.service.config import Settings
+
     given = {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
              "port": getattr(args, "port", None), "index_backend": getattr(args, "backend", None),
              "qdrant_url": getattr(args, "qdrant_url", None), "qdrant_collection": getattr(args, "collection", None),
@@ -278,8 +283,10 @@ def run_server(settings: Settings) -> None:
     # also bounds the time they may take
     # on SIGTERM, requests in flight finish within their deadline (partial answers); this bounds the wait anyway
     grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
+    rejected = app.state.metrics.rejected
+    protocol = bounded_h11(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc())
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                http=bounded_h11(settings.header_timeout_s), h11_max_incomplete_event_size=settings.max_header_bytes,
+                http=protocol, h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_graceful_shutdown=grace_s)
 
 

@@ -1,6 +1,7 @@
 """Session-wide real components: the packaged bi-encoder is loaded once; indexes are built once per session."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -64,3 +65,15 @@ def biencoder():
 
     torch.manual_seed(0)
     return TextEncoder.from_pretrained(default_model_path(), name="all-MiniLM-L6-v2", lengths=EncoderLengths(64, 256))
+
+
+def ordinary_passages(n: int = 100) -> list[str]:
+    """n English passages of 300-500 characters (the demo corpus's texts run together, cut after a word)."""
+    texts = [json.loads(line)["text"] for line in DEMO_CORPUS.open()]
+    out = []
+    for i in range(n):
+        joined = " ".join(texts[(i + j) % len(texts)] for j in range(3))
+        cut = joined[:300 + (i * 37) % 200]
+        out.append(cut[:cut.rfind(" ")])
+    assert all(290 <= len(p) <= 500 for p in out)
+    return out

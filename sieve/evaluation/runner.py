@@ -11,6 +11,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from sieve.evaluation.backends import QueryResult
+from sieve.evaluation.defaults import DEFAULT_PIPELINES  # noqa: F401 (re-exported)
 from sieve.evaluation.dataset import EvalData
 from sieve.evaluation.summary import summarize
 from sieve.pipeline import registry
@@ -47,10 +48,6 @@ class Pipeline:
                             retriever=self.retriever, ce_model=self.ce_model)
 
 
-# the pipelines `sieve eval` runs when none are named (each runs only where its stages are loaded); any other
-# `retriever[+reranker][+cross_encoder]` of registered stages can be named
-DEFAULT_PIPELINES = ("be", "be+cmc", "be+ce", "be+cmc+ce", "anncur", "anncur+ce", "be+mix", "be+mix+ce",
-                     "be+ce_late", "be+cmc+ce_late", "bm25", "hybrid", "hybrid+cmc", "hybrid+ce", "hybrid+cmc+ce")
 
 
 def pipeline(name: str) -> Pipeline:

@@ -12,8 +12,12 @@ import sys
 from contextlib import ExitStack, closing
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sieve.evaluation.runner import DEFAULT_PIPELINES, EvalConfig, parse_pipelines
+from sieve.evaluation.defaults import DEFAULT_PIPELINES
+
+if TYPE_CHECKING:
+    from sieve.evaluation.runner import EvalConfig
 
 FLAGS = ("data", "split", "pipelines", "server", "index", "retrieve_k", "cmc_k", "ce_k", "max_queries", "seed",
          "out_dir", "name", "table2", "transfer", "tag", "merge")
@@ -21,6 +25,8 @@ TRANSFER_PIPELINES = "be,bm25,hybrid,be+cmc,hybrid+cmc,be+cmc+ce,hybrid+cmc+ce"
 
 
 def pipelines_arg(text: str) -> list[str]:
+    from sieve.evaluation.runner import parse_pipelines  # the stage registry: only once the command runs
+
     try:
         return parse_pipelines(text)
     except ValueError as exc:
@@ -75,6 +81,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def cmd_eval(args: argparse.Namespace, settings) -> None:
     from sieve.evaluation.dataset import load_split
+    from sieve.evaluation.runner import EvalConfig
 
     cfg = EvalConfig(retrieve_k=args.retrieve_k, cmc_k=args.cmc_k, ce_k=args.ce_k)
     if args.max_queries is not None and args.max_queries < 1:
@@ -93,6 +100,7 @@ def cmd_transfer(args: argparse.Namespace, settings, cfg: EvalConfig) -> None:
 
     from sieve.evaluation.backends import InProcessBackend
     from sieve.evaluation.local import load_local
+    from sieve.evaluation.runner import parse_pipelines
     from sieve.evaluation.transfer import render, transfer_report
 
     if args.server:

@@ -43,17 +43,25 @@ class CrossEncoder:
         queries = [query] * len(documents) if isinstance(query, str) else list(query)
         if hasattr(self.scorer, "mark_texts"):  # a head that reads marker tokens (emb) adds them to the texts
             queries, documents = self.scorer.mark_texts(queries, documents)
-        tok = self.tokenizer
-        queries, documents = clip_all(queries, self.lengths.query_max_length), clip_all(documents, self.lengths.max_length)
-        q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
-        d_ids = tok(documents, add_special_tokens=False, truncation=True, max_length=self.lengths.max_length)["input_ids"]
+        tok, max_length = self.tokenizer, self.lengths.max_length
+        queries, documents = clip_all(queries, self.lengths.query_max_length), clip_all(documents, max_length)
         if hasattr(self.scorer, "pair_inputs"):  # a head with its own pair layout (gated)
-            batch = self.scorer.pair_inputs(tok, q_ids, d_ids, self.lengths.max_length)
-        else:
-            pairs = [tok.prepare_for_model(q, d, truncation="only_second", max_length=self.lengths.max_length)
-                     for q, d in zip(q_ids, d_ids)]
-            batch = tok.pad(pairs, padding=True, return_tensors="pt")
+            q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
+            d_ids = tok(documents, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+            batch = self.scorer.pair_inputs(tok, q_ids, d_ids, max_length)
+        else:  # the tokenizer's own pair layout ([CLS] q [SEP] d [SEP] for BERT), the document cut to fit
+            batch = tok(self.cut_queries(queries), documents, truncation="only_second", max_length=max_length,
+                        padding=True, return_tensors="pt")
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def cut_queries(self, queries: list[str]) -> list[str]:
+        """Each query cut after its query_max_length-th token (at that token's last character), so the pair call
+        gives the query its own budget and cuts only the document (transformers 5 has no prepare_for_model)."""
+        unique = list(dict.fromkeys(queries))  # one query for every document, usually: tokenized once
+        spans = self.tokenizer(unique, add_special_tokens=False, truncation=True,
+                               max_length=self.lengths.query_max_length, return_offsets_mapping=True)["offset_mapping"]
+        cut = {q: q[:s[-1][1]] if s else q for q, s in zip(unique, spans)}
+        return [cut[q] for q in queries]
 
     def score(self, query: str, documents: Sequence[str]) -> torch.Tensor:
         """(N,) float32 logits on CPU, documents scored in batches in length order."""

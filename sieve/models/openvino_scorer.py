@@ -79,6 +79,19 @@ class OpenVINOScorer(nn.Module):
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(len(input_ids)))
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' own log at errors only, for the duration (its warnings here are about training, not serving)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def compile_scorer(scorer: nn.Module, example: Mapping[str, torch.Tensor], dtype: str) -> OpenVINOScorer:
     """Trace the fp32 `scorer` on `example` (its keyword inputs: what CrossEncoder.tokenize_pairs gives) and compile
     it for the CPU in `dtype` ("bf16" or "fp32") on torch's thread count. Raises whatever OpenVINO raises when the model does not convert."""
@@ -87,8 +100,11 @@ def compile_scorer(scorer: nn.Module, example: Mapping[str, torch.Tensor], dtype
     if dtype not in PRECISION_HINTS:
         raise ValueError(f"OpenVINO scorer: dtype {dtype!r} is not one of {tuple(PRECISION_HINTS)}")
     names = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in example)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), quiet_transformers():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the trace is of fixed code paths, shapes stay dynamic
+        # the tracer reads every attribute of every submodule: transformers' deprecated properties and the loss
+        # it would pick for training (`loss_type=None ... unrecognized`) then warn at every start, about nothing
+        warnings.simplefilter("ignore", FutureWarning)
         model = ov.convert_model(scorer.eval(), example_input={k: example[k].cpu() for k in names})
     config = {"INFERENCE_PRECISION_HINT": PRECISION_HINTS[dtype], "PERFORMANCE_HINT": "LATENCY",
               "INFERENCE_NUM_THREADS": torch.get_num_threads()}

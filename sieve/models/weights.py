@@ -44,3 +44,6 @@ def offline() -> None:
     """Sieve never downloads weights at run time: make any accidental hub call fail fast."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers 5 draws a "Loading weights" bar for every model it loads

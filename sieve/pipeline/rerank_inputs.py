@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sieve.models.clip import clip_all
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline.candidates import Candidates
@@ -41,33 +42,76 @@ def indexed_rows(index, items: Sequence[RerankItem], texts: list[str]) -> list[i
     return [rows[item.id] if item.id in rows and docs[item.id] == text else -1 for item, text in zip(items, texts)]
 
 
-def check_work(texts: Sequence[str], max_length: int, limit: int | None) -> None:
-    """413 when the texts a model must read come to more than `limit` tokens. Each text counts as at most
-    min(characters + 2, max_length) tokens (no token holds less than one character): an upper bound needing no
-    tokenizer pass over what may be megabytes."""
-    tokens = sum(min(len(t) + 2, max_length) for t in texts)
-    if limit is not None and tokens > limit:
-        raise TooMuchWork(f"these documents are up to {tokens} tokens for the model to read; this server takes at "
-                          f"most {limit} per request", field="documents",
-                          allowed=f"at most {limit} tokens (SIEVE_RERANK_MAX_TOKENS): fewer or shorter documents, "
-                          "or ids of indexed documents")
+COUNT_CHUNK = 64  # texts tokenized per call while counting: the count stops at the first chunk past the cap
 
 
-DEADLINE_STEP = 8  # texts encoded between two deadline checks: 8 x 256 tokens is ~0.7 s on 2 CPU cores
+def check_work(texts: Sequence[str], max_length: int, limit: int | None, tokenizer=None, per_text: int = 0) -> None:
+    """413 when the texts a model must read come to more than `limit` tokens, each counted as the model reads it:
+    its tokens with the special ones, at most `max_length`, plus `per_text` (a cross-encoder's query and separator,
+    read again with every document). First the bound min(characters + 2 + per_text, max_length) (no token holds
+    less than one character): under the cap, nothing is tokenized. Past it, the texts are counted by the model's
+    own fast tokenizer, a chunk at a time, stopping at the first chunk past the cap; each text is cut to what the
+    model can keep first (models/clip.py), so a megabyte text costs no more to count than to read. Without a
+    tokenizer (a remote cross-encoder) the bound decides."""
+    if limit is None:
+        return
+    bound = sum(min(len(t) + 2 + per_text, max_length) for t in texts)
+    if bound <= limit:
+        return
+    if tokenizer is None:
+        raise too_much_work(f"up to {bound}", limit)
+    total = 0
+    for start in range(0, len(texts), COUNT_CHUNK):
+        total += sum(min(n + per_text, max_length) for n in token_lengths(tokenizer, texts[start:start + COUNT_CHUNK], max_length))
+        if total > limit:
+            more = " at least" if start + COUNT_CHUNK < len(texts) else ""
+            raise too_much_work(f"{more} {total}".strip(), limit)
+
+
+def token_lengths(tokenizer, texts: Sequence[str], max_length: int) -> list[int]:
+    """Tokens of each text with its special tokens, cut at `max_length` (one batch call of the fast tokenizer)."""
+    ids = tokenizer(clip_all(texts, max_length), add_special_tokens=True, truncation=True, max_length=max_length,
+                    return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    return [len(row) for row in ids]
+
+
+def too_much_work(tokens: str, limit: int) -> TooMuchWork:
+    return TooMuchWork(f"these documents are {tokens} tokens for the model to read; this server takes at most {limit} "
+                       "per request", field="documents",
+                       allowed=f"at most {limit} tokens (SIEVE_RERANK_MAX_TOKENS): fewer or shorter documents, "
+                       "or ids of indexed documents")
+
+
+# tokens encoded between two deadline checks: the most a request runs past its deadline is one step
+# (benchmarks/results/rerank_cap.json measures it); a whole batch of 32 long texts once overran a 10 s deadline by
+# 12 s on a loaded host, and 8 texts of 256 tokens by 1.7 s on a 2 s deadline
+DEADLINE_STEP_TOKENS = 1024
+
+
+def steps_under(lengths: Sequence[int], budget: int, most: int) -> list[list[int]]:
+    """Consecutive positions grouped so that each group's tokens stay under `budget` (a text longer than the
+    budget is a step of its own) and no group holds more than `most`."""
+    steps, current, tokens = [], [], 0
+    for position, length in enumerate(lengths):
+        if current and (tokens + length > budget or len(current) == most):
+            steps.append(current)
+            current, tokens = [], 0
+        current.append(position)
+        tokens += length
+    return steps + [current] if current else steps
 
 
 def encode_within(tower: TextEncoder, texts: list[str], deadline: float | None) -> np.ndarray | None:
-    """(N, d) vectors, a few texts at a time (longest first); None when the deadline has passed (or the client has
-    gone) with texts still to go. A request is late by at most one step (DEADLINE_STEP texts, fewer with a smaller
-    tower.batch_size: a whole batch of 32 long texts once overran a 10 s deadline by 12 s on a loaded host), and one
-    step always runs."""
+    """(N, d) vectors, a few texts at a time (longest first, at most DEADLINE_STEP_TOKENS real tokens and
+    tower.batch_size texts a step); None when the deadline has passed (or the client has gone) with texts still to
+    go. A request is late by at most one step, and one step always runs."""
     order = np.argsort([-len(t) for t in texts], kind="stable")
+    lengths = token_lengths(tower.tokenizer, [texts[i] for i in order], tower.lengths.doc_max_length)
     out = np.empty((len(texts), tower.dim), dtype=np.float32)
-    step = min(tower.batch_size, DEADLINE_STEP)
-    for start in range(0, len(texts), step):
-        if start and expired(deadline):
+    for n, step in enumerate(steps_under(lengths, DEADLINE_STEP_TOKENS, tower.batch_size)):
+        if n and expired(deadline):
             return None
-        idx = order[start:start + step]
+        idx = order[step]
         out[idx] = tower.encode_documents([texts[i] for i in idx], progress=False)
     return out
 

@@ -18,7 +18,7 @@ from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
 from sieve.service.docs_ui import serve_docs
-from sieve.service.errors import install_error_handlers
+from sieve.service.errors import install_error_handlers, route_template
 from sieve.service.metrics import Metrics
 from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
@@ -44,7 +44,6 @@ class RequestCounter:
 
     def __init__(self, app, fastapi: FastAPI):
         self.app, self.fastapi = app, fastapi
-        self.known: set | None = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -69,10 +68,9 @@ class RequestCounter:
             self.count(scope, "client_closed" if gone and status == "500" else status, started)
 
     def count(self, scope, status: str, started: float) -> None:
-        if self.known is None:
-            self.known = {getattr(route, "path", None) for route in self.fastapi.routes}
-        route = getattr(scope.get("route"), "path", None)  # the route template, never the raw URL
-        endpoint = route or (scope["path"] if scope["path"] in self.known else "unmatched")
+        # the route template, never the raw URL; a request answered before routing (a mid-body hang-up, a limit)
+        # is matched here, so it is counted under the endpoint it was sent to
+        endpoint = getattr(scope.get("route"), "path", None) or route_template(self.fastapi, scope) or "unmatched"
         metrics = self.fastapi.state.metrics
         metrics.requests.labels(endpoint=endpoint, status=status).inc()
         metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
@@ -179,7 +177,10 @@ def create_app(settings: Settings | None = None,
         app.state.updater.close()
         app.state.components.close()
 
-    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None)
+    # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
+    # match exactly (POST /search/ is a JSON 404 naming /search, not a 307 with an empty body)
+    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, redirect_slashes=False)
     serve_docs(app)
     app.state.settings = settings
     app.state.metrics = Metrics()

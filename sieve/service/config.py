@@ -14,6 +14,10 @@ UNTRAINED = "untrained"  # SIEVE_CMC_PATH value: the identity CMC instead of a c
 SHIPPED = "shipped:"  # SIEVE_*_PATH prefix: a checkpoint shipped in the package, e.g. shipped:cmc
 
 
+# /rerank's work cap on 2 CPU cores: the one place its default lives (a device-aware default can start from it)
+RERANK_MAX_TOKENS_CPU = 16_384
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIEVE_", extra="allow")  # allow: a stage's own settings (Settings(mix_path=...))
 
@@ -76,7 +80,7 @@ class Settings(BaseSettings):
     max_top_k: int = Field(1000, ge=1, description="Largest `top_k` a /search may ask for; more = 422.")
     max_retrieve_k: int = Field(16384, ge=1, description="Largest `retrieve_k` a /search may ask for; more = 422.")
     rerank_max_documents: int = Field(1000, ge=1, description="Most documents in one /rerank or /v2/rerank request; more = 422.")
-    rerank_max_tokens: int = Field(16_384, ge=1, description="Most tokens one /rerank or /v2/rerank may give its model to read (each text to encode or score counted as min(characters + 2, the model's truncation length)); more = 413 before any work. The default is what the slower reranker (the shipped cross-encoder, about 1,500 tokens/s on 2 CPU cores) reads within the default deadline; raise both together on faster hosts (docs/deployment.md).")
+    rerank_max_tokens: int = Field(RERANK_MAX_TOKENS_CPU, ge=1, description="Most tokens one /rerank or /v2/rerank may give its model to read, counted as the model reads them (the tokenizer's count of each text to encode, or each (query, document) pair to score, up to the model's truncation length; texts under the cap by the bound characters + 2 are not tokenized); more = 413 before any work. The default fits 100 passages of 300-500 characters (SciFact abstracts cut there: 8,766 tokens, about 11,000 as cross-encoder pairs) and is what CMC's candidate tower reads within the default deadline on 2 CPU cores (benchmarks/results/rerank_cap.json); raise both together on faster hosts (docs/deployment.md).")
     # compute
     device: str = Field("auto", description="'auto' (CUDA when present), 'cpu' or 'cuda[:N]'; chosen once at start-up.")
     precision: Literal["auto", "fp32"] = Field("auto", description="auto: bi-encoder query tower, CMC and cross-encoder run in the lowest precision the device has and that keeps rankings (bf16 with AVX-512 BF16/AMX, int8 linear layers with VNNI, fp16 on CUDA; see docs/performance.md and /readyz); fp32: everything in fp32.")
@@ -90,7 +94,7 @@ class Settings(BaseSettings):
     batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued).")
     cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
     ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head converts, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
-    ce_batch_tokens: int = Field(8192, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass.")
+    ce_batch_tokens: int = Field(2048, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass; also the most a request can run past its deadline in the cross-encoder (one pass: about 0.5 s on 2 CPU cores; 8192 once overran a 2 s deadline by 1.7 s on a loaded host, and on this CPU it scored no faster per token).")
     # deadlines
     default_timeout_ms: int | None = Field(10_000, ge=1, description="Deadline of a /search, /rerank or /v2/rerank that gives no timeout_ms (stages that do not fit are skipped: partial answer); empty = none. 10 s: about 10x the slowest ordinary request on 2 CPU cores (a /search with the cross-encoder), and a /rerank at SIEVE_RERANK_MAX_TOKENS fits in it.")
     stage_budgets_ms: dict[str, float] = Field(default_factory=dict, description='Per-stage budgets, JSON: {"cmc": 200, "ce": 1000}.')

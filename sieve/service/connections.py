@@ -1,16 +1,61 @@
 """uvicorn's h11 protocol with a deadline for every request's line and headers: a connection that has not sent
 them within `header_timeout_s` of opening (or of its previous response) is closed, so clients that trickle headers
-(slowloris) cannot hold connections open. uvicorn itself only times out idle keep-alive connections."""
+(slowloris) cannot hold connections open. uvicorn itself only times out idle keep-alive connections.
+
+A request h11 cannot read is answered in the API's JSON error shape, not uvicorn's plain text: headers still
+arriving past h11_max_incomplete_event_size (SIEVE_MAX_HEADER_BYTES) are 400 `headers_too_large`, counted in
+sieve_rejected_total like the ones the HeaderLimit middleware refuses; anything else h11 refuses is 400
+`malformed_request`. Both close the connection."""
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Callable
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
+LINGER_S = 2.0  # the most a refused connection is kept reading (and dropping) what its client still sends
+
+
+def rejection(code: str, message: str, allowed: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "allowed": allowed}}).encode()
+
+
 class BoundedH11Protocol(H11Protocol):
     header_timeout_s: float = 10.0
+    on_rejected: Callable[[str], None] = staticmethod(lambda reason: None)  # counts a rejection by its reason
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot read, as JSON (the headers could not be read: nothing of the
+        request reached the app or its middleware)."""
+        limit = self.config.h11_max_incomplete_event_size
+        if limit is not None and len(self.conn.trailing_data[0]) > limit:
+            self.on_rejected("headers_too_large")
+            body = rejection("headers_too_large", f"the request line and headers are larger than this server's "
+                             f"limit of {limit} bytes", f"at most {limit} bytes (SIEVE_MAX_HEADER_BYTES)")
+        else:
+            body = rejection("malformed_request", "the request line or headers are not valid HTTP/1.1",
+                             "a well-formed HTTP/1.1 request")
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.linger()
+
+    def linger(self) -> None:
+        """Lingering close, as nginx does: stop writing, then read and drop what the client still sends for up to
+        LINGER_S before closing. Closing at once with its headers still arriving would reset the connection, and
+        the client's TCP stack could drop the answer it had not read yet."""
+        self.lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not getattr(self, "lingering", False):  # after an answer that closes the connection: dropped
+            super().data_received(data)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -52,6 +97,8 @@ class BoundedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def bounded_h11(header_timeout_s: float) -> type[BoundedH11Protocol]:
-    """The protocol class to hand uvicorn (`http=`), with this server's header deadline."""
-    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"header_timeout_s": header_timeout_s})
+def bounded_h11(header_timeout_s: float, on_rejected: Callable[[str], None] | None = None) -> type[BoundedH11Protocol]:
+    """The protocol class to hand uvicorn (`http=`), with this server's header deadline; `on_rejected(reason)`
+    counts the requests it refuses itself (the app's Metrics.rejected)."""
+    extra = {"on_rejected": staticmethod(on_rejected)} if on_rejected is not None else {}
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"header_timeout_s": header_timeout_s, **extra})

@@ -3,11 +3,13 @@ traceback in the body."""
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from sieve.index import IndexDiskFullError, IndexMismatchError, UnknownDocumentError
 from sieve.index.errors import IndexUnavailableError
@@ -21,16 +23,39 @@ def error_body(status: int, code: str, message: str, headers: dict | None = None
     return JSONResponse(status_code=status, content={"error": info}, headers=headers)
 
 
+MALFORMED = "a JSON object as described at /docs"
+# why json.loads failed where it raises something other than a JSONDecodeError (FastAPI answers those 400
+# "There was an error parsing the body"): the bytes are not UTF-8, the nesting passes the parser's recursion limit,
+# or an integer passes Python's digit limit
+PARSE_FAILURES = ((UnicodeDecodeError, "the request body is not UTF-8 text"),
+                  (RecursionError, "the request body is nested too deeply"),
+                  (ValueError, "the request body holds a number too long to read"))
+
+
+def malformed_json(message: str = "the request body is not valid JSON") -> JSONResponse:
+    return error_body(400, "malformed_json", message, field="body", allowed=MALFORMED)
+
+
+FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # every request field is snake_case
+TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # pydantic's names of union members
+
+
+def field_path(loc) -> str:
+    """`documents.0.text` from pydantic's location: "body" and the tags pydantic adds for the member of a union
+    (`function-after[...]`, `RerankDocument`, `str`) are left out."""
+    parts = [str(p) for p in loc if isinstance(p, int) or (p != "body" and FIELD_NAME.match(p) and p not in TYPE_TAGS)]
+    return ".".join(parts)
+
+
 def describe(error: dict) -> dict:
-    field = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    field = field_path(error.get("loc", ()))
     return {"field": field or None, "message": error.get("msg", "invalid"), "type": error.get("type")}
 
 
 async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return error_body(400, "malformed_json", "the request body is not valid JSON",
-                          allowed="a JSON object as described at /docs")
+        return malformed_json()
     content_type = request.headers.get("content-type", "")
     if "json" not in content_type.lower() and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
         return error_body(422, "not_json", f"the body was sent as {content_type or 'no content type'}, so it was "
@@ -38,7 +63,10 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
                           allowed="a JSON object sent with the header Content-Type: application/json")
     details = [describe(e) for e in errors]
     summary = "; ".join(f"{d['field']}: {d['message']}" if d["field"] else d["message"] for d in details)
-    return error_body(422, "validation_error", summary, details=details, allowed="see the request schema at /docs")
+    # `field` at the top level too (the first field at fault; `details` has one entry per problem)
+    field = next((d["field"] for d in details if d["field"]), "body")
+    return error_body(422, "validation_error", summary, field=field, details=details,
+                      allowed="see the request schema at /docs")
 
 
 async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
@@ -78,7 +106,50 @@ HTTP_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 
               413: "body_too_large", 429: "rate_limited"}
 
 
+def parse_failure(exc: StarletteHTTPException) -> str | None:
+    """What was wrong with a body json.loads could not read, when that is why FastAPI raised this 400."""
+    if exc.status_code != 400:
+        return None
+    return next((message for kind, message in PARSE_FAILURES if isinstance(exc.__cause__, kind)), None)
+
+
+def leaf_routes(routes) -> list:
+    """Every route with a path, an included router's too (newer FastAPI keeps an included router as one entry
+    holding its routes under `original_router`; Sieve includes its routers without a prefix)."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(leaf_routes(inner.routes) if inner is not None else [route])
+    return out
+
+
+def route_template(app, scope) -> str | None:
+    """The path template (`/documents/{doc_id}`) of the route this request's path names, whatever its method; None
+    when no route does. For requests answered before routing (a hang-up mid-body, a limit): their endpoint label."""
+    partial = None
+    for route in leaf_routes(app.router.routes):
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return getattr(route, "path", None)
+        if match is Match.PARTIAL and partial is None:  # the path matches, the method does not
+            partial = getattr(route, "path", None)
+    return partial
+
+
+def route_without_slash(request: Request) -> str | None:
+    """`/search` when `/search/` was asked for: routes are matched exactly (no 307 redirect, which would answer an
+    empty body and make clients send the POST body twice)."""
+    path = request.url.path.rstrip("/")
+    if path == request.url.path or not path:
+        return None
+    return route_template(request.app, {**request.scope, "path": path})
+
+
 async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if (message := parse_failure(exc)) is not None:
+        return malformed_json(message)
+    if exc.status_code == 404 and (path := route_without_slash(request)) is not None:
+        return error_body(404, "not_found", f"no route {request.url.path}", allowed=f"{path} (without the slash)")
     return error_body(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail),
                       headers=getattr(exc, "headers", None))
 

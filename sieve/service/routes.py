@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -202,15 +203,38 @@ def healthz():
     return schemas.Health()
 
 
+def shows_paths(request: Request) -> bool:
+    """Whether this /readyz caller may see the server's file paths: only one with a valid API key (a server without
+    keys shows none). /readyz stays open to probes; a wrong key spends its address's bucket as on the guarded routes
+    (429 once empty), so /readyz is no way around the rate limit for guessing keys."""
+    state, header = request.app.state, request.headers.get("authorization")
+    if not state.auth.enabled or not header:
+        return False
+    try:
+        return state.auth.identify(header) is not None
+    except Unauthorized:
+        state.metrics.rejected.labels(reason="unauthorized").inc()
+        limit(state, f"auth-failed:{request.client.host if request.client else 'anonymous'}")
+        return False
+
+
 @router.get("/readyz", response_model=schemas.Ready, tags=["health"])
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
-    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
+    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from. File paths only
+    for a caller with a valid API key: anyone else gets the index directory's name and no checkpoint path."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
-    return schemas.Ready(index_size=index.size, index_version=index.version, **settings.served_index(),
+    paths = shows_paths(request)
+    cmc = request.app.state.cmc.status(index)
+    if cmc is not None and not paths:
+        cmc = {**cmc, "path": None}
+    served = settings.served_index()
+    if not paths:
+        served["index_dir"] = Path(served["index_dir"].rstrip("/")).name
+    return schemas.Ready(index_size=index.size, index_version=index.version, **served,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=request.app.state.cmc.status(index))
+                         cmc=cmc)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

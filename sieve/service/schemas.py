@@ -1,4 +1,9 @@
-"""Every HTTP request and response body, on shared strict bases (unknown fields are refused)."""
+"""Every HTTP request and response body, on shared strict bases.
+
+The rules every request body follows (docs/api.md#errors), here so that every endpoint gets them from `Strict`:
+unknown fields are refused, and types are not coerced: a string where the schema says boolean or integer
+(`"yes"`, `"2"`), a float where it says integer (`2.5`, `2.0`), or a number where it says string is a 422
+naming the field. A document text, wherever one is sent, is a non-empty string (`DocumentText`)."""
 from __future__ import annotations
 
 import re
@@ -30,13 +35,17 @@ def printable_id(value):
 
 # checked before str's own validation, whose length check would refuse a surrogate with a vaguer message
 Text = Annotated[str, BeforeValidator(unicode_text)]  # every text a model reads
+# one rule for every document a request sends to be ranked (/rerank, /v2/rerank): an empty one is a 422
+DocumentText = Annotated[Text, Field(min_length=1)]
 DocumentId = Annotated[str, BeforeValidator(printable_id)]  # ids end up in logs, files and URLs
 # a stage's name (sieve/pipeline/registry.py); which names this server has is checked by the searcher (4xx)
 StageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields refused, no type coercion (strict: "2" is not an integer, "yes" not a bool)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Reply(BaseModel):
@@ -118,7 +127,7 @@ class SearchResponse(Reply):
 # -- /rerank ------------------------------------------------------------------------------------------------
 class RerankDocument(Strict):
     id: DocumentId | None = Field(None, min_length=1, description="Document id; an indexed id reuses its stored vector.")
-    text: Text | None = Field(None, min_length=1, description="Document text; required when the id is not indexed.")
+    text: DocumentText | None = Field(None, description="Document text (non-empty); required when the id is not indexed.")
 
     @model_validator(mode="after")
     def id_or_text(self):
@@ -129,7 +138,7 @@ class RerankDocument(Strict):
 
 class RerankRequest(Strict):
     query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
-    documents: list[Text | RerankDocument] = Field(..., min_length=1, description="Texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
+    documents: list[DocumentText | RerankDocument] = Field(..., min_length=1, description="Non-empty texts or {id, text} objects (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     return_documents: bool = Field(False, description="Echo each document (id and text) in the results.")
     model: StageName = Field("cmc", description="Reranker: cmc (default), ce (the cross-encoder), or another "
@@ -161,8 +170,8 @@ class CohereRerankRequest(Strict):
     model: str = Field(..., description="Reranker: `ce`, `cmc`, or a Cohere name (`rerank-...`) = this server's "
                        "default reranker (the cross-encoder when loaded, else CMC).")
     query: Text = Field(..., min_length=1, max_length=QUERY_MAX_CHARS, description="Free-text query.")
-    documents: list[Annotated[Text, Field(min_length=1)]] = Field(
-        ..., min_length=1, description="Texts (at most SIEVE_RERANK_MAX_DOCUMENTS).")
+    documents: list[DocumentText] = Field(
+        ..., min_length=1, description="Non-empty texts (at most SIEVE_RERANK_MAX_DOCUMENTS).")
     top_n: int | None = Field(None, ge=1, description="Results to return; default all.")
     max_tokens_per_doc: int | None = Field(None, ge=1, description="Cut each document after this many "
                                            "whitespace-separated words before the model reads it; default no cut.")
@@ -266,7 +275,8 @@ class AdaptedCMCStatus(Reply):
 class CMCStatus(Reply):
     name: str = Field(..., description="The served CMC checkpoint's name.")
     source: Literal["setting", "adapted", "shipped", "untrained"] = Field(..., description="Where it came from: setting (SIEVE_CMC_PATH), adapted (the index's own, `sieve adapt`), shipped (the default in the package), untrained (the identity CMC: no checkpoint fits the bi-encoder).")
-    path: str | None = Field(None, description="Its checkpoint directory (null for the untrained CMC).")
+    path: str | None = Field(None, description="Its checkpoint directory, shown only to a caller with a valid API key "
+                             "(null otherwise, and for the untrained CMC).")
     adapted: AdaptedCMCStatus | None = Field(None, description="For an adapted CMC: which one and how much of the live index it saw.")
 
 
@@ -275,7 +285,7 @@ class Ready(Reply):
     index_size: int = Field(..., description="Documents in the live index.")
     index_version: int = Field(..., description="Version of the live index.")
     index_backend: Literal["local", "qdrant", "qdrant-edge"] = Field("local", description="Where the served index lives (SIEVE_INDEX_BACKEND).")
-    index_dir: str = Field(..., description="Where the served index is: the index directory (local); on Qdrant, the server's URL, the local-mode directory or the qdrant-edge shards' directory.")
+    index_dir: str = Field(..., description="Where the served index is: the index directory (local); on Qdrant, the server's URL, the local-mode directory or the qdrant-edge shards' directory. Its full form for a caller with a valid API key, else only its last part (the directory's name).")
     collection: str | None = Field(None, description="The Qdrant collection served (null on a local index); its adapted CMC is the one `cmc` names.")
     models: dict[str, str | None] = Field(..., description="Loaded model per role (bi_encoder, cmc, cross_encoder, and "
                                           "each other registered stage with a model); null = not loaded.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sieve.models.clip import clip_chars
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, RerankContext, StageSpec, register
@@ -49,11 +50,21 @@ def build(ctx) -> list:
     return [stage_for(ctx.model, ctx.index, ctx.k, ctx.options)]
 
 
+def query_cost(tokenizer, query: str, query_max_length: int) -> int:
+    """What the query adds to every (query, document) pair: its tokens (cut at its own length) and one separator;
+    the bound min(characters, query_max_length) + 1 without a tokenizer."""
+    if tokenizer is None:
+        return min(len(query), query_max_length) + 1
+    return min(len(tokenizer(clip_chars(query, query_max_length), add_special_tokens=False)["input_ids"]), query_max_length) + 1
+
+
 def texts_reranker(stage_class=None):
     """/rerank with a cross-encoder stage: the caller's texts in the caller's order, all of them scored."""
 
     def rerank(ctx: RerankContext) -> list:
-        check_work(ctx.texts, ctx.model.lengths.max_length, ctx.max_tokens)
+        tokenizer, lengths = getattr(ctx.model, "tokenizer", None), ctx.model.lengths
+        check_work(ctx.texts, lengths.max_length, ctx.max_tokens, tokenizer,
+                   query_cost(tokenizer, ctx.state.query, lengths.query_max_length))
         ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
         if stage_class is None:
             return [stage_for(ctx.model, ctx.index, len(ctx.texts), ctx.options)]

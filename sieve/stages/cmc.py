@@ -71,7 +71,8 @@ def rerank(ctx: RerankContext) -> list | None:
     bundle, state = ctx.model, ctx.state
     tower = bundle.candidate_tower or ctx.biencoder
     rows = indexed_rows(ctx.index, ctx.items, ctx.texts)
-    check_work([t for t, row in zip(ctx.texts, rows) if row < 0], tower.lengths.doc_max_length, ctx.max_tokens)
+    check_work([t for t, row in zip(ctx.texts, rows) if row < 0], tower.lengths.doc_max_length, ctx.max_tokens,
+               tower.tokenizer)
     ctx.encode_query({"cmc": bundle.query_tower})
     state.candidates = rerank_candidates(ctx.index, ctx.items, ctx.texts, bundle, ctx.biencoder, state)
     if state.candidates is None:  # out of time while encoding: nothing scored them all

@@ -25,8 +25,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from sieve.training.adapt import AdaptConfig, STARTS
-    from sieve.training.pseudo_queries import GENERATORS
+    from sieve.training.adapt_config import AdaptConfig
+    from sieve.training.choices import GENERATORS, STARTS
 
     d = AdaptConfig()
     p = sub.add_parser("adapt", help="train CMC on an index's own documents (pseudo-queries; no queries or labels)")

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sieve.training.cmc_train import OBJECTIVES, REGIMES, CMCTrainConfig
+from sieve.training.choices import OBJECTIVES, REGIMES
+
+if TYPE_CHECKING:
+    from sieve.training.cmc_train import CMCTrainConfig
 
 # option -> CMCTrainConfig field (argparse's dest is the field name)
 COMMON = {
@@ -65,7 +69,9 @@ def add_run_args(parser: argparse.ArgumentParser, options: dict) -> None:
         parser.add_argument(flag, default=None, **kwargs)
 
 
-def config_from(args: argparse.Namespace) -> CMCTrainConfig:
+def config_from(args: argparse.Namespace) -> "CMCTrainConfig":
+    from sieve.training.cmc_train import CMCTrainConfig
+
     given = {f.name: getattr(args, f.name) for f in fields(CMCTrainConfig) if getattr(args, f.name, None) is not None}
     return CMCTrainConfig(**given)
 

@@ -43,12 +43,11 @@ from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.text_encoder import TextEncoder
 from sieve.training.checkpointing import (FitResult, LoopConfig, TrainLog, check_can_start, fit, git_commit, seed_all,
                                     warmup_linear_schedule)
+from sieve.training.choices import OBJECTIVES, REGIMES
 from sieve.training.data import Split, corpus_vectors, hold_out, load_split
 from sieve.training.losses import cmc_listwise_loss, cmc_loss, listwise_kl
 from sieve.training.negatives import MiningConfig, mine_candidates, mine_listwise, top_k_rows
 
-REGIMES = ("layers", "shared", "separate")
-OBJECTIVES = ("gold", "listwise")
 METRICS = {"ndcg@10": ndcg_at_k, "mrr@10": mrr_at_k}
 
 

@@ -35,8 +35,8 @@ import numpy as np
 import sentencex
 
 from sieve.index.corpus import Document
+from sieve.training.choices import GENERATORS
 
-GENERATORS = ("title", "sentence", "span", "terms", "mix", "ict", "block")
 _WORD_RE = re.compile(r"\S+")
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # the words bm25s's tokenizer keeps
 MIN_WORDS, MAX_WORDS = 4, 40  # a sentence query's length in words: shorter says too little, longer is cut up

@@ -127,3 +127,28 @@ def test_a_model_openvino_cannot_convert_stays_on_torch_and_says_why(plain_ce):
     served, choice = lower_cross_encoder(odd, "fp32", "openvino")
     assert served is odd and choice.runtime == "torch" and choice.dtype == "fp32"
     assert "OpenVINO failed" in choice.reason and "cosine_similarity" in choice.reason, choice
+
+
+QUIET_START = """
+import warnings
+warnings.simplefilter("default")  # every warning shown, as a server's log would
+from sieve.models import openvino_scorer
+from sieve.models.cross_encoder import CrossEncoder
+from sieve.models.ce_base import PairLengths
+ce = CrossEncoder.from_pretrained(%r, lengths=PairLengths(16, 32))
+openvino_scorer.compile_scorer(ce.scorer, ce.tokenize_pairs("q", ["a document", "another"]), "fp32")
+print("compiled")
+"""
+
+
+def test_compiling_the_cross_encoder_prints_no_transformers_warnings(ce_checkpoint):
+    """The start-up trace read every attribute of the model, and transformers warned about training-only ones
+    (`loss_type=None ... unrecognized`, a deprecated property) at every start. A fresh interpreter: transformers
+    warns once per process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", QUIET_START % str(ce_checkpoint)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
+    assert "loss_type" not in out.stderr and "FutureWarning" not in out.stderr, out.stderr[-3000:]

@@ -33,7 +33,7 @@ def tiny_config(tokenizer, **extra) -> BertConfig:
 def tiny_mix() -> MixRuntime:
     """A real MixRuntime around a 2-layer random BERT (fake only at the model), k = 2 contexts."""
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
-    tokenizer.add_special_tokens({"additional_special_tokens": context_tokens(2)})
+    tokenizer.add_tokens(context_tokens(2), special_tokens=True)
     torch.manual_seed(0)
     module = MixEncoder(BertModel(tiny_config(tokenizer), add_pooling_layer=False), MixConfig(contexts=2))
     return MixRuntime(module, tokenizer, name="tiny-mix", weights_hash="tiny-mix", batch_size=16)

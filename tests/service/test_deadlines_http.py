@@ -73,8 +73,10 @@ def test_rerank_deadline_covers_encoding_new_texts(client):
 
 
 def test_rerank_work_past_the_token_cap_is_413(client):
-    """The test server allows 12,000 tokens per /rerank; 50 new texts of 300 characters are up to 50 x 256."""
-    long = [f"{i} " + "x" * 300 for i in range(50)]
+    """The test server allows 12,000 tokens per /rerank; 50 new texts of 300 words are 50 x 256 tokens as the
+    candidate tower reads them (cut at 256), 40 of them 10,240. The cap counts real tokens: 300 characters of one
+    "word" are a handful of tokens, not 256 (issue 34)."""
+    long = [f"{i} " + "bread " * 300 for i in range(50)]
     refused = client.post("/rerank", json={"query": "q", "documents": long})
     assert refused.status_code == 413, refused.text
     error = refused.json()["error"]

@@ -28,7 +28,7 @@ def checkpoints(tmp_path_factory) -> dict:
     late = CrossEncoder(new_head("cls+late", classifier, tokenizer, {"dim": 8}), tokenizer, name="late", weights_hash="-")
     save_fp16(late, root / "late")
     mix_tok = AutoTokenizer.from_pretrained(str(default_model_path()))
-    mix_tok.add_special_tokens({"additional_special_tokens": context_tokens(1)})
+    mix_tok.add_tokens(context_tokens(1), special_tokens=True)
     module = MixEncoder(BertModel(tiny_config(mix_tok), add_pooling_layer=False), MixConfig())
     MixRuntime(module, mix_tok, name="mix", weights_hash="-").save(root / "mix")
     return {"late": root / "late", "mix": root / "mix"}

@@ -101,7 +101,9 @@ def new_emb(classifier: nn.Module, tokenizer, options: dict) -> EmbPairScorer:
             "scale": float(options.get("scale", 1.0 / math.sqrt(classifier.config.hidden_size)))}
     missing = [t for t in (spec["query_token"], spec["doc_token"]) if t not in tokenizer.get_vocab()]
     if missing:
-        tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_additional_special_tokens=False)
+        # special AddedTokens, never split or lowercased; add_tokens is spelled the same in transformers 4 and 5
+        # (add_special_tokens's keyword and its "additional_special_tokens" key were renamed in 5)
+        tokenizer.add_tokens(missing, special_tokens=True)
         classifier.resize_token_embeddings(len(tokenizer))
     return EmbPairScorer(classifier, *marker_ids(tokenizer, spec), spec)
 

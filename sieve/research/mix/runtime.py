@@ -78,8 +78,7 @@ class MixRuntime:
         offline()
         base = check_model_dir(base)
         tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
-        tokenizer.add_special_tokens({"additional_special_tokens": context_tokens(cfg.contexts)},
-                                     replace_additional_special_tokens=False)
+        tokenizer.add_tokens(context_tokens(cfg.contexts), special_tokens=True)  # the same in transformers 4 and 5
         encoder = load_encoder(base)
         encoder.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         table = encoder.get_input_embeddings().weight

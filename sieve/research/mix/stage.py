@@ -89,7 +89,8 @@ def load(ctx: LoadContext) -> MixRuntime | None:
 def rerank(ctx: RerankContext) -> list:
     """Indexed documents reuse their stored context embeddings; other texts are encoded on the worker."""
     rows = indexed_rows(ctx.index, ctx.items, ctx.texts)
-    check_work([t for t, row in zip(ctx.texts, rows) if row < 0], ctx.model.lengths.doc_max_length, ctx.max_tokens)
+    check_work([t for t, row in zip(ctx.texts, rows) if row < 0], ctx.model.lengths.doc_max_length, ctx.max_tokens,
+               getattr(ctx.model, "tokenizer", None))
     ctx.state.candidates = Candidates(rows=np.asarray(rows), texts=ctx.texts)
     return [MixRerank(ctx.model, ctx.index)]
 
