@@ -22,7 +22,7 @@ def commands(parser, path=()):
     yield path
 
 asked = [[*path, "--help"] for path in commands(cli.build_parser())]
-asked += [["bogus-command"], ["index", "build"], ["serve", "--port", "not-a-number"], ["adapt"]]
+asked += [["bogus-command"], ["index", "build"], ["serve", "--port", "not-a-number"], ["adapt", "--steps", "many"]]
 codes = []
 for argv in asked:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -68,6 +68,9 @@ def cmd_adapt(args: argparse.Namespace, settings) -> None:
 
 def run(args, settings) -> int:
     """Opens the index, checks it can be adapted, then runs in the store's work directory under its lock."""
+    if not settings.on_qdrant and not (Path(settings.index_dir) / "CURRENT").is_file():  # before seconds of imports
+        raise SystemExit(f"no index at {settings.index_dir} (no CURRENT file); build one with `sieve index build` "
+                         "first, or give --backend qdrant / qdrant-edge for a Qdrant collection")
     import torch
 
     from sieve.index.adapted import store_for
@@ -76,9 +79,6 @@ def run(args, settings) -> int:
     from sieve.service.runtime import load_index
     from sieve.training.adapt_run import EXIT_REFUSED, adapt, cannot_adapt, log
 
-    if not settings.on_qdrant and not (Path(settings.index_dir) / "CURRENT").is_file():
-        raise SystemExit(f"no index at {settings.index_dir} (no CURRENT file); build one with `sieve index build` "
-                         "first, or give --backend qdrant / qdrant-edge for a Qdrant collection")
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     biencoder = load_biencoder(settings, pick_device(settings.device))

@@ -23,8 +23,11 @@ from tests.service.adapted_helpers import NAME, build_collection, publish_adapte
 EDGE = "qdrant-edge"
 
 
+KEY = "adapted-test-key"  # /readyz shows file paths only to a caller with a valid key (issue 34)
+
+
 def ready(client) -> dict:
-    answer = client.get("/readyz")
+    answer = client.get("/readyz", headers={"Authorization": f"Bearer {KEY}"})
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -42,7 +45,7 @@ def test_a_qdrant_backed_server_serves_only_the_adapted_cmc_of_its_collection(tm
         owner.close()
     env = {"SIEVE_INDEX_BACKEND": EDGE, "SIEVE_QDRANT_EDGE_PATH": str(tmp_path / "edge"),
            "SIEVE_QDRANT_COLLECTION": "demo", "SIEVE_INDEX_DIR": str(index_copy), "SIEVE_CMC_PATH": "",
-           "SIEVE_CACHE_DIR": str(tmp_path / "server-cache")}
+           "SIEVE_CACHE_DIR": str(tmp_path / "server-cache"), "SIEVE_API_KEYS": KEY}
     server = Server(env, tmp_path / "server.log")
     try:
         with server.client() as client:
@@ -55,7 +58,8 @@ def test_a_qdrant_backed_server_serves_only_the_adapted_cmc_of_its_collection(tm
             assert sha256(Path(cmc["path"]) / "cmc.safetensors") == sha256(published / "cmc.safetensors")
             assert sha256(Path(cmc["path"]) / "cmc.safetensors") != sha256(local_adapted / "cmc.safetensors")
             assert cmc["adapted"]["covered"] == cmc["adapted"]["live_documents"] == 60
-            answer = client.post("/search", json={"query": "how do volcanoes erupt", "rerank": "cmc"})
+            answer = client.post("/search", json={"query": "how do volcanoes erupt", "rerank": "cmc"},
+                                 headers={"Authorization": f"Bearer {KEY}"})
             assert answer.status_code == 200 and "cmc" in answer.json()["results"][0]["scores"]
     finally:
         server.stop()
@@ -69,9 +73,10 @@ def test_a_collection_never_adapted_serves_the_shipped_cmc_and_swaps_in_one_publ
     publish_adapted(index_copy, biencoder, ["astro-1"], seed=13)  # the unrelated SIEVE_INDEX_DIR has one
     build_collection(tmp_path / "edge", biencoder, cache_dir)
     settings = Settings(index_backend=EDGE, qdrant_edge_path=tmp_path / "edge", qdrant_collection="demo",
-                        index_dir=index_copy, cmc_path=None, cache_dir=tmp_path / "cache")
+                        index_dir=index_copy, cmc_path=None, cache_dir=tmp_path / "cache", api_keys=KEY)
+    auth = {"Authorization": f"Bearer {KEY}"}
     ids = [d.id for d in read_beir_corpus(DEMO_CORPUS)]
-    with caplog.at_level(logging.INFO, logger="sieve"), TestClient(create_app(settings)) as client:
+    with caplog.at_level(logging.INFO, logger="sieve"), TestClient(create_app(settings), headers=auth) as client:
         assert ready(client)["cmc"]["source"] == "shipped"
         assert any(f"loaded {EDGE} collection 'demo'" in r.getMessage() for r in caplog.records)
         # the server holds the edge shards: publish through its own index, as a trainer inside it would
@@ -83,7 +88,7 @@ def test_a_collection_never_adapted_serves_the_shipped_cmc_and_swaps_in_one_publ
         cmc = ready(client)["cmc"]
         assert (cmc["source"], cmc["adapted"]["version"]) == ("adapted", first.name)
         assert not client.post("/admin/index/reload").json()["cmc_changed"]
-    with TestClient(create_app(settings.model_copy(update={"index_poll_s": 0.05}))) as client:
+    with TestClient(create_app(settings.model_copy(update={"index_poll_s": 0.05})), headers=auth) as client:
         assert ready(client)["cmc"]["adapted"]["version"] == first.name  # a server started later loads it
         store = QdrantAdapted(client.app.state.components.searcher.index, tmp_path / "trainer" / "adapted")
         second = publish_adapted(store, biencoder, ids, seed=15)
