@@ -12,7 +12,7 @@ import torch
 from fastapi import FastAPI
 
 from sieve.pipeline import registry
-from sieve.service import routes_documents
+from sieve.service import routes_documents, workers
 from sieve.service.cache import Caches, digest
 from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
@@ -129,7 +129,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
                                      lambda: load_index(settings, searcher.biencoder, torch.device(components.device),
                                                         searcher.cmc),
                                      settings.write_batch_wait_ms, on_swap, settings.index_poll_s,
-                                     settings.merge_policy(), on_check=state.cmc.check)
+                                     settings.merge_policy(), on_check=state.cmc.check,
+                                     catch_up=(settings.workers or 1) > 1)
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)
@@ -142,7 +143,7 @@ def serve_cmc(state, settings: Settings, components: Components) -> ServedCMC:
     """The served CMC's record; a newly adapted CMC swapped in changes the cache fingerprint and the info metric."""
     def on_swap():
         state.caches.fingerprint = fingerprint(components, settings)
-        state.metrics.cmc.info(served.info())
+        state.metrics.set_cmc_info(served.info())
 
     served = ServedCMC(settings, components, on_swap)
     state.metrics.watch_cmc(served)
@@ -174,7 +175,9 @@ def create_app(settings: Settings | None = None,
     async def lifespan(app: FastAPI):
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
+        workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)
         yield
+        workers.mark_ready(False)
         app.state.updater.close()
         app.state.components.close()
 

@@ -9,15 +9,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from sieve.pipeline import registry
 from sieve.pipeline.errors import RequestError
 from sieve.pipeline.searcher import RerankItem, SearchParams
-from sieve.service import schemas
+from sieve.service import schemas, workers
 from sieve.service.cache import Caches
 from sieve.service.components import Components
 from sieve.service.config import Settings
+from sieve.service.errors import error_body
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
 from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
@@ -27,19 +29,25 @@ ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422
 bearer = HTTPBearer(auto_error=False, description="API key, when the server has SIEVE_API_KEYS or SIEVE_API_KEYS_FILE")
 
 
-def get_components(request: Request) -> Components:
-    return request.app.state.components
+# The dependencies are coroutines: FastAPI runs a plain `def` dependency in the thread pool, a hop per request each.
+async def get_components(request: Request) -> Components:
+    """The loaded components, with the index brought up to date first when another worker process of this server
+    published a version since (service/workers.py: read your writes across workers)."""
+    state = request.app.state
+    if getattr(state.updater, "behind", None) is not None and state.updater.behind():
+        await run_in_threadpool(state.updater.catch_up)  # loads a version: not on the event loop
+    return state.components
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-def get_caches(request: Request) -> Caches:
+async def get_caches(request: Request) -> Caches:
     return request.app.state.caches
 
 
@@ -204,17 +212,23 @@ def healthz():
 
 @router.get("/readyz", response_model=schemas.Ready, tags=["health"])
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
-    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from."""
+    """Ready: models and index are loaded, in every worker process; `cmc` says which CMC is served and where it
+    came from, `workers` how many processes serve and how that number was chosen."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
+    team = workers.status(settings)
+    if team["ready"] < team["count"]:  # a worker still loading (start-up, or one replaced after it died)
+        return error_body(503, "workers_starting", f"{team['ready']} of {team['count']} worker processes are serving",
+                          headers={"Retry-After": "1"}, allowed="retry once every worker has loaded its models",
+                          workers=team)
     return schemas.Ready(index_size=index.size, index_version=index.version, index_dir=str(settings.index_dir),
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=request.app.state.cmc.status(index))
+                         cmc=request.app.state.cmc.status(index), workers=team)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)
 def metrics_endpoint(metrics: MetricsDep, components: ComponentsDep):
     """Prometheus exposition format."""
     metrics.set_index(components.searcher.index)
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
