@@ -30,13 +30,12 @@ class HybridConfig:
 def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion of ranked row lists (best first): sum of weight / (k + rank), rank from 1.
     Returns (rows, fused scores) best first; ties keep the order of first appearance (list 0 first)."""
-    fused: dict[int, float] = {}
-    for rows, weight in zip(lists, weights):
-        for rank, row in enumerate(rows.tolist(), start=1):
-            fused[row] = fused.get(row, 0.0) + weight / (k + rank)
-    rows = np.fromiter(fused.keys(), dtype=np.int64, count=len(fused))
-    scores = np.fromiter(fused.values(), dtype=np.float64, count=len(fused))
-    order = np.argsort(-scores, kind="stable")
+    every = np.concatenate([np.asarray(rows, dtype=np.int64) for rows in lists])  # (N,) all lists, list 0 first
+    shares = np.concatenate([weight / (k + np.arange(1, len(rows) + 1, dtype=np.float64))
+                             for rows, weight in zip(lists, weights)])  # (N,)
+    rows, first, owner = np.unique(every, return_index=True, return_inverse=True)
+    scores = np.bincount(owner.ravel(), weights=shares, minlength=len(rows))  # (U,) summed in list order
+    order = np.lexsort((first, -scores))  # best first; ties in order of first appearance
     return rows[order], scores[order].astype(np.float32)
 
 
