@@ -22,7 +22,7 @@ from sieve.service.config import Settings
 from sieve.service.errors import error_body
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
-from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
+from sieve.service.responses import cohere_rerank_response, json_response, rerank_response, search_response, to_json
 
 router = APIRouter()
 ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
@@ -51,12 +51,22 @@ async def get_caches(request: Request) -> Caches:
     return request.app.state.caches
 
 
-def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+async def guard(request: Request,
+                credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """API key (when configured), then the caller's rate limit; the key itself is never logged or stored. Failed
-    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty)."""
+    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty). On the
+    event loop: the checks are a few comparisons in memory, except a rate limit kept in Redis (a network call),
+    which goes to the thread pool."""
     state = request.app.state
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
     address = request.client.host if request.client else "anonymous"
+    if state.limiter.remote:
+        await run_in_threadpool(check_caller, state, header, address)
+    else:
+        check_caller(state, header, address)
+
+
+def check_caller(state, header: str | None, address: str) -> None:
     try:
         caller = state.auth.identify(header)
     except Unauthorized:
@@ -135,15 +145,15 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
         hit = caches.results.get(key)
     if hit:
         timings = {"total": (time.perf_counter() - started) * 1000}
-        return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
+        return json_response(schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True}))
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     response = search_response(outcome, body.return_documents)
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put(key, response.model_dump(exclude={"timings_ms", "cached"}))
-    return response
+        caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached"}))
+    return json_response(response)
 
 
 def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:
