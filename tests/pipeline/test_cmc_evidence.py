@@ -28,7 +28,6 @@ def test_features_are_the_documented_columns():
     assert rank_feature(np.array([1.0, 1.0])) == pytest.approx([0, -np.log(2)])  # ties keep their order
 
 
-@pytest.mark.parametrize("gates", [False, True])
 def test_features_are_bit_for_bit_the_column_stack_they_were_trained_on():
     """Served features are computed column by column into one float32 array (and only the n asked for): exactly
     the float64 columns stacked and rounded once, as training made them."""
@@ -53,6 +52,7 @@ def test_features_are_bit_for_bit_the_column_stack_they_were_trained_on():
             assert np.array_equal(features(be, bm25, n), stacked(be, bm25, n)), (k, n)
 
 
+@pytest.mark.parametrize("gates", [False, True])
 def test_an_untrained_evidence_cmc_ranks_exactly_as_the_first_stage(gates):
     torch.manual_seed(0)
     model = CMC(CMCConfig(dim=24, n_heads=4, evidence=len(FEATURES))).eval()
