@@ -69,14 +69,14 @@ def install() -> None:
 def worker_app():
     """The app of one worker process (uvicorn factory): the stand-ins, then the product's own worker app."""
     install()
-    from sieve.service.workers import worker_app as product_worker_app
+    from sieve.service.app import worker_app as product_worker_app
 
     return product_worker_app()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (a tree with sieve/service/workers.py)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (a tree with sieve/service/supervisor.py)")
     args = parser.parse_args()
     install()
     from sieve.service.config import Settings
@@ -87,10 +87,10 @@ def main() -> None:
 
         run_server(settings)  # the single-process path, as `sieve serve` runs it (main has only this one)
         return
-    from sieve.service import workers
+    from sieve.service import supervisor
 
     module = "zero_cost" if __name__ == "__main__" else __name__  # run as a script: its folder is on sys.path
-    workers.serve(settings.model_copy(update={"workers": args.workers}), factory=f"{module}:worker_app")
+    supervisor.serve(settings.model_copy(update={"workers": args.workers}), factory=f"{module}:worker_app")
 
 
 if __name__ == "__main__":

@@ -271,12 +271,12 @@ def run_server(settings: Settings) -> None:
 
     import uvicorn
 
-    from sieve.service import workers
+    from sieve.service import supervisor, workers
 
     check_port(settings)
     plan = workers.plan(settings)
     if plan.count > 1:
-        workers.serve(settings, plan)
+        supervisor.serve(settings, plan)
         return
     os.environ[workers.CHOSEN_ENV] = plan.chosen  # /readyz says how the count was chosen
     settings = settings.model_copy(update={"workers": 1})

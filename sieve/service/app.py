@@ -74,8 +74,8 @@ class RequestCounter:
         route = getattr(scope.get("route"), "path", None)  # the route template, never the raw URL
         endpoint = route or (scope["path"] if scope["path"] in self.known else "unmatched")
         metrics = self.fastapi.state.metrics
-        metrics.requests.labels(endpoint=endpoint, status=status).inc()
-        metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+        metrics.child(metrics.requests, endpoint, status).inc()
+        metrics.child(metrics.request_latency, endpoint).observe(time.perf_counter() - started)
         if status == "client_closed":
             log.info("client closed the connection before the answer: %s %s", scope["method"], scope["path"])
 
@@ -137,6 +137,9 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     log.info("api keys: %s; rate limit: %s; cache: %s", "on" if state.auth.enabled else "off",
              f"{settings.rate_limit_per_s}/s burst {settings.rate_limit_burst}" if settings.rate_limit_per_s else "off",
              ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
+    if (settings.workers or 1) > 1 and not settings.redis_url and settings.rate_limit_per_s:
+        log.warning("rate limit without SIEVE_REDIS_URL is per worker: a caller may get up to %d x %s/s",
+                    settings.workers, settings.rate_limit_per_s)
 
 
 def serve_cmc(state, settings: Settings, components: Components) -> ServedCMC:
@@ -197,3 +200,12 @@ def create_app(settings: Settings | None = None,
     app.add_middleware(RequestCounter, fastapi=app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app
+
+
+def worker_app():
+    """The app of one worker (a uvicorn factory): settings from the environment the supervisor set up."""
+    from sieve.service.connections import BoundedH11Protocol
+
+    settings = Settings()
+    BoundedH11Protocol.header_timeout_s = settings.header_timeout_s  # the class uvicorn was handed by name
+    return create_app(settings)

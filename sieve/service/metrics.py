@@ -43,6 +43,7 @@ class Metrics:
     def __init__(self):
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry = CollectorRegistry()
+        self.children: dict[tuple, object] = {}
         self.view = WorkerView()
         r.register(self.view)
         self.stage_latency = Histogram("sieve_stage_latency_seconds", "Latency of each pipeline stage.",
@@ -90,9 +91,18 @@ class Metrics:
 
     def observe(self, timings_ms: dict[str, float], counts: dict[str, int]) -> None:
         for stage, ms in timings_ms.items():
-            self.stage_latency.labels(stage=stage).observe(ms / 1000)
+            self.child(self.stage_latency, stage).observe(ms / 1000)
         for stage, n in counts.items():
-            self.candidates.labels(stage=stage).observe(n)
+            self.child(self.candidates, stage).observe(n)
+
+    def child(self, metric, *labels: str):
+        """metric.labels(*labels), remembered: labels() parses its arguments and takes a lock on every call, and a
+        request observes a dozen series."""
+        key = (id(metric), labels)
+        found = self.children.get(key)
+        if found is None:
+            found = self.children[key] = metric.labels(*labels)
+        return found
 
     def observe_batch(self, model: str, size: int) -> None:
         self.batch_size.labels(model=model.rsplit(":", 1)[0]).observe(size)  # runner key less the object id

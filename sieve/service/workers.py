@@ -1,7 +1,8 @@
 """Worker processes: `sieve serve --workers N` (SIEVE_WORKERS) runs N processes answering on one port, all serving
-one index directory.
+one index directory. This module: how many, and what a worker tells /readyz; service/supervisor.py starts them,
+service/app.py's worker_app is what each one runs.
 
-- Start-up: this process (the supervisor) binds the port and starts the workers with uvicorn's multiprocess
+- Start-up: the process started (the supervisor) binds the port and starts the workers with uvicorn's multiprocess
   supervisor, which SPAWNS them (fresh interpreters: nothing is forked from a process that has torch threads or a
   CUDA context). Each worker loads its own models and index in its app's lifespan, then accepts connections from the
   shared socket; the kernel hands each new connection to one worker.
@@ -20,25 +21,17 @@ one index directory.
 """
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sieve.service.config import Settings
 
-log = logging.getLogger("sieve.workers")
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CHOSEN_ENV = "SIEVE_WORKERS_CHOSEN"  # the supervisor tells its workers how their number was chosen (/readyz)
 READY_SUFFIX = ".ready"
-HEALTHCHECK_S = 30.0  # a worker busy with its GIL-bound work may be slow to answer the supervisor's ping
-# fields `sieve serve` takes from its command line too: handed to the workers through their environment
-CLI_FIELDS = ("index_dir", "host", "port", "index_backend", "qdrant_url", "qdrant_collection", "qdrant_edge_path",
-              "workers")
 
 
 @dataclass(frozen=True)
@@ -48,7 +41,15 @@ class Plan:
 
 
 def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a container's CPU limit)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def device_kind(device: str) -> str:
@@ -86,16 +87,6 @@ def check_backend(settings: Settings, count: int) -> None:
 
 
 # -- the workers' side ----------------------------------------------------------------------------------------------
-def worker_app():
-    """The app of one worker (a uvicorn factory): settings from the environment the supervisor set up."""
-    from sieve.service.app import create_app
-    from sieve.service.connections import BoundedH11Protocol
-
-    settings = Settings()
-    BoundedH11Protocol.header_timeout_s = settings.header_timeout_s  # the class uvicorn was handed by name
-    return create_app(settings)
-
-
 def metrics_dir() -> Path | None:
     """Where the workers of this server keep their metrics and readiness markers (None: a single process)."""
     path = os.environ.get(METRICS_ENV)
@@ -141,54 +132,3 @@ def status(settings: Settings) -> dict:
     return {"count": count, "ready": ready_count() if count > 1 else 1, "pid": os.getpid(),
             "chosen": os.environ.get(CHOSEN_ENV, "SIEVE_WORKERS" if settings.workers else "one process"),
             "torch_threads": torch.get_num_threads()}
-
-
-# -- the supervisor's side -----------------------------------------------------------------------------------------
-def prepare_metrics_dir() -> tuple[Path, bool]:
-    """The multiprocess metrics directory, emptied: PROMETHEUS_MULTIPROC_DIR when set, else a new one (removed at
-    exit). Returns (path, made here)."""
-    given = os.environ.get(METRICS_ENV)
-    if given:
-        path = Path(given)
-        path.mkdir(parents=True, exist_ok=True)
-        for stale in [*path.glob("*.db"), *path.glob(f"*{READY_SUFFIX}")]:
-            stale.unlink(missing_ok=True)
-        return path, False
-    return Path(tempfile.mkdtemp(prefix="sieve-workers-")), True
-
-
-def worker_environment(settings: Settings, chosen: Plan, folder: Path) -> None:
-    """What the spawned workers inherit: the command-line settings, the metrics directory, torch threads."""
-    for name in CLI_FIELDS:
-        value = getattr(settings, name)
-        if value is not None:
-            os.environ[f"SIEVE_{name.upper()}"] = str(value)
-    os.environ["SIEVE_WORKERS"] = str(chosen.count)
-    os.environ[CHOSEN_ENV] = chosen.chosen
-    os.environ[METRICS_ENV] = str(folder)
-    if settings.torch_threads is None:  # N workers x all cores each would oversubscribe the CPU
-        os.environ["SIEVE_TORCH_THREADS"] = str(max(1, usable_cores() // chosen.count))
-
-
-def serve(settings: Settings, chosen: Plan | None = None, factory: str = f"{__name__}:worker_app") -> None:
-    """Run `chosen.count` workers on settings.host:port until SIGTERM/SIGINT. `factory`: the import string of the
-    app factory each worker calls (benchmarks/zero_cost.py hands its own)."""
-    import uvicorn
-
-    from sieve.service.supervisor import Supervisor
-
-    chosen = chosen or plan(settings)
-    check_backend(settings, chosen.count)
-    folder, made = prepare_metrics_dir()
-    worker_environment(settings, chosen, folder)
-    grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
-    config = uvicorn.Config(factory, factory=True, host=settings.host, port=settings.port, workers=chosen.count,
-                            log_level=settings.log_level, http="sieve.service.connections:BoundedH11Protocol",
-                            h11_max_incomplete_event_size=settings.max_header_bytes,
-                            timeout_graceful_shutdown=grace_s, timeout_worker_healthcheck=HEALTHCHECK_S)
-    log.info("starting %d workers (%s) on %s:%d", chosen.count, chosen.chosen, settings.host, settings.port)
-    try:
-        Supervisor(config, sockets=[config.bind_socket()], metrics_dir=folder).run()
-    finally:
-        if made:
-            shutil.rmtree(folder, ignore_errors=True)
