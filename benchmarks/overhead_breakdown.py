@@ -3,7 +3,7 @@
 CPU per request by thread (event loop, request threads, batchers, native threads) and, for the functions of the
 request path listed in TIMED, their thread CPU per request (inclusive: a function's time includes what it calls).
 
-    PYTHONPATH=. python benchmarks/overhead_breakdown.py --index ../idx/scifact --out benchmarks/results/overhead_breakdown.json
+    python benchmarks/overhead_breakdown.py --index ../idx/scifact --out benchmarks/results/overhead_breakdown.json
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 TIMED = [("sieve.pipeline.searcher", "Searcher.search"), ("sieve.pipeline.searcher", "Searcher.new_state"),
-         ("sieve.models.text_encoder", "TextEncoder.count_tokens"), ("sieve.pipeline.searcher", "Searcher.encode_query"),
-         ("sieve.pipeline.first_stage", "HybridRetrieve.__call__"), ("sieve.index.search_index", "SearchIndex.search"),
-         ("sieve.index.search_index", "SearchIndex.lexical_scores"), ("sieve.index.search_index", "SearchIndex.embeddings"),
+         ("sieve.models.text_encoder", "TextEncoder.count_tokens"),
+         ("sieve.pipeline.searcher", "Searcher.encode_query"), ("sieve.pipeline.first_stage", "HybridRetrieve.__call__"),
+         ("sieve.index.search_index", "SearchIndex.search"), ("sieve.index.search_index", "SearchIndex.lexical_scores"),
+         ("sieve.index.search_index", "SearchIndex.embeddings"),
          ("sieve.pipeline.first_stage", "rrf_fuse"), ("sieve.pipeline.first_stage", "top_positive"),
          ("sieve.pipeline.stages", "CMCRerank.prepare"), ("sieve.pipeline.stages", "features"),
          ("sieve.pipeline.stages", "CMCRerank.finish"), ("sieve.service.routes", "search_response"),

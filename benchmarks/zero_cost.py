@@ -76,7 +76,8 @@ def worker_app():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (a tree with sieve/service/supervisor.py)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (more than 1: a tree with sieve/service/supervisor.py)")
     args = parser.parse_args()
     install()
     from sieve.service.config import Settings

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from sieve.pipeline import registry
 from sieve.pipeline.errors import RequestError
@@ -220,7 +220,7 @@ def healthz():
     return schemas.Health()
 
 
-@router.get("/readyz", response_model=schemas.Ready, tags=["health"])
+@router.get("/readyz", response_model=schemas.Ready, responses={503: {"model": schemas.ErrorResponse}}, tags=["health"])
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     """Ready: models and index are loaded, in every worker process; `cmc` says which CMC is served and where it
     came from, `workers` how many processes serve and how that number was chosen."""
