@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 TIMED = [("sieve.pipeline.searcher", "Searcher.search"), ("sieve.pipeline.searcher", "Searcher.new_state"),
-         ("sieve.models.text_encoder", "TextEncoder.count_tokens"), ("sieve.pipeline.searcher", "Searcher.encode_query"),
+         ("sieve.models.text_encoder", "TextEncoder.count_tokens"),
+         ("sieve.pipeline.searcher", "Searcher.encode_query"),
          ("sieve.pipeline.first_stage", "HybridRetrieve.__call__"),
          ("sieve.index.search_index", "SearchIndex.search"), ("sieve.index.search_index", "SearchIndex.lexical_scores"),
          ("sieve.index.search_index", "SearchIndex.embeddings"),
