@@ -90,6 +90,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
     parser.add_argument("--host", help="bind address (SIEVE_HOST)")
     parser.add_argument("--port", type=int, help="port (SIEVE_PORT)")
+    parser.add_argument("--workers", help="worker processes on that port, or auto (SIEVE_WORKERS; docs/deployment.md)")
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +106,8 @@ def settings_from(args: argparse.Namespace) -> "Settings":
     from sieve.service.config import Settings
 
     given = {"index_dir": getattr(args, "index", None), "host": getattr(args, "host", None),
-             "port": getattr(args, "port", None), "index_backend": getattr(args, "backend", None),
+             "port": getattr(args, "port", None), "workers": getattr(args, "workers", None),
+             "index_backend": getattr(args, "backend", None),
              "qdrant_url": getattr(args, "qdrant_url", None), "qdrant_collection": getattr(args, "collection", None),
              "qdrant_edge_path": getattr(args, "qdrant_edge_path", None)}
     return Settings(**{k: v for k, v in given.items() if v is not None})
@@ -268,10 +270,21 @@ def check_port(settings: Settings) -> None:
 
 
 def run_server(settings: Settings) -> None:
-    """Loads models and index before uvicorn starts, so a bad index or model ends with one clear line."""
+    """One process: loads models and index before uvicorn starts, so a bad index or model ends with one clear line.
+    Several (SIEVE_WORKERS, or the automatic choice): service/workers.py, each worker loading its own."""
+    import os
+
     import uvicorn
 
+    from sieve.service import supervisor, workers
+
     check_port(settings)
+    plan = workers.plan(settings)
+    if plan.count > 1:
+        supervisor.serve(settings, plan)
+        return
+    os.environ[workers.CHOSEN_ENV] = plan.chosen  # /readyz says how the count was chosen
+    settings = settings.model_copy(update={"workers": 1})
     from sieve.service.app import create_app
     from sieve.service.components import load_components
 

@@ -12,6 +12,7 @@ The analyzer is bm25s's tokenizer (lower-casing, a word regex), a language's sto
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 
 LEXICAL_DIR = "bm25"
 ENGINE = "bm25s"
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s.tokenize's default (scikit-learn's CountVectorizer)
 NO_LANGUAGE = "none"
 # bm25s's own stop-word lists and PyStemmer's stemmers, by the name a user writes in settings
 _STOPWORDS = {"english": "en", "german": "de", "dutch": "nl", "french": "fr", "spanish": "es", "portuguese": "pt",
@@ -54,8 +56,10 @@ class LexicalConfig:
 
 
 class Analyzer:
-    """Text -> BM25 terms. Thread-safe: PyStemmer's stemmer is used under bm25s's tokenize, which keeps no state
-    between calls when it returns strings."""
+    """Text -> BM25 terms, as bm25s.tokenize makes them at build time (write_lexical): lower-cased, its word regex,
+    the language's stop words dropped, PyStemmer's stems (tests/index/test_lexical.py checks the two agree). Done
+    here without bm25s's per-call set-up, which cost more than the work for one query. Thread-safe: PyStemmer's
+    stemWords runs under the interpreter lock and keeps nothing between calls that changes its answer."""
 
     def __init__(self, config: LexicalConfig):
         config.check()
@@ -66,12 +70,17 @@ class Analyzer:
             import Stemmer
 
             self.stemmer = Stemmer.Stemmer(config.language)
+        from bm25s.tokenization import _infer_stopwords
+
+        self.stopword_set = frozenset(_infer_stopwords(self.stopwords))
+        self.split = re.compile(TOKEN_PATTERN).findall
 
     def terms(self, texts: Sequence[str]) -> list[list[str]]:
-        import bm25s
-
-        return bm25s.tokenize(list(texts), stopwords=self.stopwords, stemmer=self.stemmer, return_ids=False,
-                              show_progress=False)
+        out = []
+        for text in texts:
+            tokens = [t for t in self.split(text.lower()) if t not in self.stopword_set]
+            out.append(self.stemmer.stemWords(tokens) if self.stemmer is not None and tokens else tokens)
+        return out
 
 
 def write_lexical(segment_dir: Path, docs, config: LexicalConfig) -> None:
@@ -107,10 +116,11 @@ class LexicalSegment:
         root = segment_dir / LEXICAL_DIR
         terms = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
         self.vocab = {t: i for i, t in enumerate(terms)}
-        self.indptr = np.load(root / "indptr.npy", mmap_mode="r")
-        self.docs = np.load(root / "docs.npy", mmap_mode="r")
-        self.tfs = np.load(root / "tfs.npy", mmap_mode="r")
-        self.doc_len = np.load(root / "doc_len.npy", mmap_mode="r")
+        # plain arrays over the maps: np.memmap's subclass hooks cost more than a query's slicing itself
+        self.indptr = np.asarray(np.load(root / "indptr.npy", mmap_mode="r"))
+        self.docs = np.asarray(np.load(root / "docs.npy", mmap_mode="r"))
+        self.tfs = np.asarray(np.load(root / "tfs.npy", mmap_mode="r"))
+        self.doc_len = np.asarray(np.load(root / "doc_len.npy", mmap_mode="r"))
         if len(self.doc_len) != count or len(self.indptr) != len(terms) + 1:
             from .errors import IndexFormatError
 
@@ -124,6 +134,16 @@ class LexicalSegment:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         lo, hi = int(self.indptr[tid]), int(self.indptr[tid + 1])
         return np.asarray(self.docs[lo:hi], dtype=np.int64), np.asarray(self.tfs[lo:hi], dtype=np.float32)
+
+    def postings_of(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every posting of `terms` at once, term by term: (local rows, term frequencies, position in `terms`)."""
+        known = [(i, tid) for i, tid in enumerate(map(self.vocab.get, terms)) if tid is not None]
+        if not known:
+            return np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+        which, tids = np.array(known, dtype=np.int64).T  # (T,), (T,)
+        lo, n = self.indptr[tids], self.indptr[tids + 1] - self.indptr[tids]  # (T,)
+        at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))  # (P,) positions in the postings
+        return self.docs[at].astype(np.int64), self.tfs[at].astype(np.float32), np.repeat(which, n)
 
 
 @dataclass(frozen=True)
@@ -147,26 +167,33 @@ def bm25_scores(analyzer: Analyzer, segments: Sequence[LexicalSegment], offsets:
     live documents of all segments."""
     total_rows = offsets[-1] + len(segments[-1].doc_len) if segments else 0
     out = np.zeros(total_rows, dtype=np.float32)
-    if stats.count == 0:
+    counted = _counted(analyzer.terms([query])[0])
+    if stats.count == 0 or not counted:
         return out
     k1, b, avgdl = analyzer.config.k1, analyzer.config.b, max(stats.total_len / stats.count, 1e-9)
-    for term, times in _counted(analyzer.terms([query])[0]).items():
-        rows, tfs, lens = [], [], []
-        for seg, offset in zip(segments, offsets):
-            local, tf = seg.postings(term)
-            rows.append(local + offset)
-            tfs.append(tf)
-            lens.append(np.asarray(seg.doc_len[local], dtype=np.float32))
-        rows, tfs, lens = np.concatenate(rows), np.concatenate(tfs), np.concatenate(lens)
-        if stats.alive is not None:
-            keep = stats.alive[rows]
-            rows, tfs, lens = rows[keep], tfs[keep], lens[keep]
-        if len(rows) == 0:
-            continue
-        df = len(rows)
-        idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))
-        out[rows] += (times * idf * tfs / (tfs + k1 * (1 - b + b * lens / avgdl))).astype(np.float32)
+    rows, tfs, lens, term = _postings(segments, offsets, list(counted))  # (P,) each, term by term
+    if stats.alive is not None:
+        keep = stats.alive[rows]
+        rows, tfs, lens, term = rows[keep], tfs[keep], lens[keep], term[keep]
+    df = np.bincount(term, minlength=len(counted))  # (T,) live documents holding each term
+    idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))  # (T,)
+    times = np.fromiter(counted.values(), np.float64, len(counted))  # (T,)
+    score = (times[term] * idf[term] * tfs / (tfs + k1 * (1 - b + b * lens / avgdl))).astype(np.float32)  # (P,)
+    np.add.at(out, rows, score)  # in float32, term after term: the sums a loop over the terms makes
     return out
+
+
+def _postings(segments: Sequence[LexicalSegment], offsets: Sequence[int], terms: list[str]):
+    """(physical rows, tfs, document lengths, term position) of every posting of `terms`, ordered by term."""
+    parts = []
+    for seg, offset in zip(segments, offsets):
+        local, tf, term = seg.postings_of(terms)
+        parts.append((local + offset, tf, seg.doc_len[local].astype(np.float32), term))
+    rows, tfs, lens, term = (np.concatenate(column) for column in zip(*parts))
+    if len(parts) > 1:  # segment after segment -> term after term, each term's postings in segment order
+        order = np.argsort(term, kind="stable")
+        rows, tfs, lens, term = rows[order], tfs[order], lens[order], term[order]
+    return rows, tfs, lens, term
 
 
 def _counted(terms: list[str]) -> dict[str, int]:

@@ -259,8 +259,13 @@ class SearchIndex:
         out = np.empty((len(arr), dim), dtype=np.float32)
         seg, local = self._locate(arr)
         for s in np.unique(seg).tolist():
-            at = seg == s
             source = self._p.segments[s].embeddings if store is None else self._p.segments[s].stores[store]
+            if isinstance(source, np.ndarray):
+                source = np.asarray(source)  # a plain view of the memory map: no np.memmap per gather
+            if len(self._p.segments) == 1:
+                out[:] = source[local]
+                break
+            at = seg == s
             out[at] = source[local[at]]
         return out
 

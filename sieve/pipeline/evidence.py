@@ -17,16 +17,26 @@ part (index/protocol.py `lexical_scores_of`: a Qdrant collection answers it for 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 FEATURES = ("prior", "be_rank", "bm25_rank", "be", "bm25_norm", "bm25_hit", "be_z", "bm25_z")
 
 
+@lru_cache(maxsize=64)
+def position_prior(k: int) -> np.ndarray:
+    """-log(1 + position) for positions 0..k-1 (read-only; one array per list length, shared by requests)."""
+    prior = -np.log1p(np.arange(k, dtype=np.float64))
+    prior.flags.writeable = False
+    return prior
+
+
 def rank_feature(values: np.ndarray) -> np.ndarray:
     """-log(1 + rank), rank 0 for the largest value; ties share the order of appearance."""
-    ranks = np.empty(len(values), dtype=np.float64)
-    ranks[np.argsort(-values, kind="stable")] = np.arange(len(values))
-    return -np.log1p(ranks)
+    out = np.empty(len(values), dtype=np.float64)
+    out[np.argsort(-values, kind="stable")] = position_prior(len(values))
+    return out
 
 
 def standardised(values: np.ndarray) -> np.ndarray:
@@ -35,13 +45,17 @@ def standardised(values: np.ndarray) -> np.ndarray:
 
 
 def features(be: np.ndarray, bm25: np.ndarray, n: int = len(FEATURES)) -> np.ndarray:
-    """be, bm25: (K,) scores of a list in first-stage order -> (K, n) float32: the first n of FEATURES."""
+    """be, bm25: (K,) scores of a list in first-stage order -> (K, n) float32: the first n of FEATURES (only those
+    are computed)."""
     be, bm25 = np.asarray(be, dtype=np.float64), np.nan_to_num(np.asarray(bm25, dtype=np.float64))
     top = bm25.max(initial=0.0)
-    columns = [-np.log1p(np.arange(len(be))), rank_feature(be), rank_feature(bm25), be,
-               bm25 / top if top > 0 else np.zeros_like(bm25), (bm25 > 0).astype(np.float64),
-               standardised(be), standardised(bm25)]
-    return np.stack(columns[:n], axis=1).astype(np.float32)
+    columns = (lambda: position_prior(len(be)), lambda: rank_feature(be), lambda: rank_feature(bm25), lambda: be,
+               lambda: bm25 / top if top > 0 else np.zeros_like(bm25), lambda: bm25 > 0,
+               lambda: standardised(be), lambda: standardised(bm25))
+    out = np.empty((len(be), n), dtype=np.float32)  # (K, n)
+    for j, column in enumerate(columns[:n]):
+        out[:, j] = column()  # float64 -> float32 as astype rounds
+    return out
 
 
 def be_of(candidates, vectors: np.ndarray, query_vector) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 Every candidate of a hybrid list carries both first-stage scores, not only those of the lists it came from
 (BM25 scores every row at once; the bi-encoder's inner product is one dot product with the stored vector), so a
-later stage sees complete evidence. Columns: "retrieve" = the score this stage ranked by (BM25, or the fused
-RRF score), "be" = bi-encoder inner product, "bm25" = BM25 score.
+later stage sees complete evidence; it carries that stored vector too, which CMC reads from the candidate.
+Columns: "retrieve" = the score this stage ranked by (BM25, or the fused RRF score), "be" = bi-encoder inner
+product, "bm25" = BM25 score.
 """
 from __future__ import annotations
 
@@ -30,19 +31,13 @@ class HybridConfig:
 def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion of ranked row lists (best first): sum of weight / (k + rank), rank from 1.
     Returns (rows, fused scores) best first; ties keep the order of first appearance (list 0 first)."""
-    fused: dict[int, float] = {}
-    for rows, weight in zip(lists, weights):
-        for rank, row in enumerate(rows.tolist(), start=1):
-            fused[row] = fused.get(row, 0.0) + weight / (k + rank)
-    rows = np.fromiter(fused.keys(), dtype=np.int64, count=len(fused))
-    scores = np.fromiter(fused.values(), dtype=np.float64, count=len(fused))
-    order = np.argsort(-scores, kind="stable")
+    every = np.concatenate([np.asarray(rows, dtype=np.int64) for rows in lists])  # (N,) all lists, list 0 first
+    shares = np.concatenate([weight / (k + np.arange(1, len(rows) + 1, dtype=np.float64))
+                             for rows, weight in zip(lists, weights)])  # (N,)
+    rows, first, owner = np.unique(every, return_index=True, return_inverse=True)
+    scores = np.bincount(owner.ravel(), weights=shares, minlength=len(rows))  # (U,) summed in list order
+    order = np.lexsort((first, -scores))  # best first; ties in order of first appearance
     return rows[order], scores[order].astype(np.float32)
-
-
-def inner_products(index, rows: np.ndarray, query_vector) -> np.ndarray:
-    query = query_vector.float().cpu().numpy()
-    return (index.embeddings(rows) @ query).astype(np.float32)
 
 
 class LexicalRetrieve(FirstStage):
@@ -78,8 +73,10 @@ class HybridRetrieve(FirstStage):
             rows, fused = rrf_fuse([dense_rows[0], bm25_rows], [self.config.weight_be, self.config.weight_bm25],
                                    self.config.rrf_k)
             rows, fused = rows[:self.k], fused[:self.k]
-            be = inner_products(self.index, rows, vector)
+            vectors = self.index.embeddings(rows)  # (k, d): carried on, so CMC does not read them again
+            be = (vectors @ vector.float().cpu().numpy()).astype(np.float32)
         state.counts["bm25"] = len(bm25_rows)
-        state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": all_bm25[rows]})
+        state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": all_bm25[rows]},
+                                      vectors=vectors)
         state.counts["retrieve"] = len(rows)
         return state

@@ -118,6 +118,8 @@ class CMCRerank:
             yield from ((i, scores[b, :len(items[i][1])]) for b, i in enumerate(live))
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
+        if not getattr(self.index, "returns_vectors", True) and (state.candidates.rows >= 0).all():
+            state.candidates.vectors = None  # read from the local index: a later stage reads it there, no copy below
         state.candidates = state.candidates.rerank_head("cmc", scores)
         state.candidates.validate()
         return state

@@ -12,7 +12,7 @@ import torch
 from fastapi import FastAPI
 
 from sieve.pipeline import registry
-from sieve.service import routes_documents
+from sieve.service import routes_documents, workers
 from sieve.service.cache import Caches, digest
 from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
@@ -72,8 +72,8 @@ class RequestCounter:
         # is matched here, so it is counted under the endpoint it was sent to
         endpoint = getattr(scope.get("route"), "path", None) or route_template(self.fastapi, scope) or "unmatched"
         metrics = self.fastapi.state.metrics
-        metrics.requests.labels(endpoint=endpoint, status=status).inc()
-        metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+        metrics.child(metrics.requests, endpoint, status).inc()
+        metrics.child(metrics.request_latency, endpoint).observe(time.perf_counter() - started)
         if status == "client_closed":
             log.info("client closed the connection before the answer: %s %s", scope["method"], scope["path"])
 
@@ -128,20 +128,24 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
                                      lambda: load_index(settings, searcher.biencoder, torch.device(components.device),
                                                         searcher.cmc),
                                      settings.write_batch_wait_ms, on_swap, settings.index_poll_s,
-                                     settings.merge_policy(), on_check=state.cmc.check)
+                                     settings.merge_policy(), on_check=state.cmc.check,
+                                     catch_up=(settings.workers or 1) > 1)
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, settings.max_inflight + 8)
     log.info("api keys: %s; rate limit: %s; cache: %s", "on" if state.auth.enabled else "off",
              f"{settings.rate_limit_per_s}/s burst {settings.rate_limit_burst}" if settings.rate_limit_per_s else "off",
              ("redis" if settings.redis_url else "in-process") if settings.cache_enabled else "off")
+    if (settings.workers or 1) > 1 and not settings.redis_url and settings.rate_limit_per_s:
+        log.warning("rate limit without SIEVE_REDIS_URL is per worker: a caller may get up to %d x %s/s",
+                    settings.workers, settings.rate_limit_per_s)
 
 
 def serve_cmc(state, settings: Settings, components: Components) -> ServedCMC:
     """The served CMC's record; a newly adapted CMC swapped in changes the cache fingerprint and the info metric."""
     def on_swap():
         state.caches.fingerprint = fingerprint(components, settings)
-        state.metrics.cmc.info(served.info())
+        state.metrics.set_cmc_info(served.info())
 
     served = ServedCMC(settings, components, on_swap)
     state.metrics.watch_cmc(served)
@@ -173,7 +177,9 @@ def create_app(settings: Settings | None = None,
     async def lifespan(app: FastAPI):
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
+        workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)
         yield
+        workers.mark_ready(False)
         app.state.updater.close()
         app.state.components.close()
 
@@ -196,3 +202,12 @@ def create_app(settings: Settings | None = None,
     app.add_middleware(RequestCounter, fastapi=app)  # outermost: counts every answer, the limits' included
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app
+
+
+def worker_app():
+    """The app of one worker (a uvicorn factory): settings from the environment the supervisor set up."""
+    from sieve.service.connections import BoundedH11Protocol
+
+    settings = Settings()
+    BoundedH11Protocol.header_timeout_s = settings.header_timeout_s  # the class uvicorn was handed by name
+    return create_app(settings)

@@ -139,7 +139,11 @@ class ResultCache:
         return None if raw is None else json.loads(raw)
 
     def put(self, key: str, body: dict) -> None:
-        self.store.set(key, json.dumps(body, ensure_ascii=False).encode("utf-8"), self.ttl_s)
+        self.put_json(key, json.dumps(body, ensure_ascii=False).encode("utf-8"))
+
+    def put_json(self, key: str, raw: bytes) -> None:
+        """A body already serialised as JSON (UTF-8)."""
+        self.store.set(key, raw, self.ttl_s)
 
 
 class Caches:

@@ -129,13 +129,14 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address of `sieve serve` / `sieve demo`.")
     port: int = Field(8000, ge=1, le=65535, description="Port of `sieve serve` / `sieve demo`.")
     log_level: str = Field("info", description="Log level of the server and uvicorn (debug, info, warning, error).")
+    workers: int | None = Field(None, ge=1, le=256, description="Worker processes of `sieve serve`, answering on one port and serving one index (docs/deployment.md); unset or `auto` = one per 2 CPU cores on CUDA (at most 8), one per 4 cores on a CPU (at most 4); /readyz says what was chosen. Each worker loads its own models; with several, torch threads are the cores divided among them unless SIEVE_TORCH_THREADS is set.")
 
     @field_validator("model_path", "cmc_path", "cross_encoder_path", "ce_query_max_length", "ce_max_length",
                      "redis_url", "api_keys", "api_keys_file", "ce_url", "ce_api_key", "default_timeout_ms",
-                     "rate_limit_per_s", mode="before")
+                     "rate_limit_per_s", "workers", mode="before")
     @classmethod
     def empty_is_unset(cls, value):
-        return None if value == "" else value
+        return None if value == "" or value == "auto" else value
 
     @field_validator("ce_url", mode="after")
     @classmethod

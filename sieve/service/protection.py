@@ -117,6 +117,11 @@ class RateLimiter:
         self.local = LocalBuckets(rate, burst, clock=clock) if rate else None
         self.script = redis_store.client.register_script(TOKEN_BUCKET_LUA) if rate and redis_store else None
 
+    @property
+    def remote(self) -> bool:
+        """Whether a check calls Redis (a network round trip)."""
+        return self.script is not None
+
     def check(self, caller: str) -> None:
         if not self.rate:
             return

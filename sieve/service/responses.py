@@ -5,6 +5,8 @@ import math
 import uuid
 
 import numpy as np
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from sieve.pipeline import registry
 from sieve.pipeline.searcher import Outcome
@@ -39,24 +41,37 @@ def ranked_scores(scores: dict) -> np.ndarray:
 def documents_out(outcome: Outcome) -> list[schemas.DocumentOut]:
     cands = outcome.candidates
     if cands.texts is not None:
-        return [schemas.DocumentOut(id=None, text=text) for text in cands.texts]
-    return [schemas.DocumentOut(id=d.id, title=d.title, text=d.text) for d in outcome.index.documents(cands.rows)]
+        return [schemas.DocumentOut.model_construct(id=None, text=text) for text in cands.texts]
+    return [schemas.DocumentOut.model_construct(id=d.id, title=d.title, text=d.text)
+            for d in outcome.index.documents(cands.rows)]
 
 
 def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchResponse:
+    """Built with model_construct: every value is typed here (Python str, int, float, None), so validating it again
+    would only cost time; tests/service/test_ranked_scores.py checks the result against the schema."""
     cands, state = outcome.candidates, outcome.state
     docs = documents_out(outcome) if return_documents else [None] * len(cands)
-    ranked = ranked_scores(cands.scores) if len(cands) else []
+    ranked = ranked_scores(cands.scores).tolist() if len(cands) else []
+    columns = {k: [None if math.isnan(x) else x for x in v.tolist()] for k, v in cands.scores.items()}
     hits = [
-        schemas.SearchHit(
-            id=doc_id, rank=rank + 1, score=float(ranked[rank]),
-            scores={k: score_or_none(v[rank]) for k, v in cands.scores.items()},
-            document=docs[rank])
+        schemas.SearchHit.model_construct(id=doc_id, rank=rank + 1, score=ranked[rank],
+                                          scores={k: c[rank] for k, c in columns.items()}, document=docs[rank])
         for rank, doc_id in enumerate(cands.ids if cands.ids is not None else outcome.index.ids(cands.rows))
     ]
-    return schemas.SearchResponse(results=hits, timings_ms=dict(state.timings_ms),
-                                  index_version=outcome.index_version, stages=list(state.ran),
-                                  warnings=state.warnings, partial=state.partial, skipped=list(state.skipped))
+    return schemas.SearchResponse.model_construct(results=hits, timings_ms=dict(state.timings_ms),
+                                                  index_version=int(outcome.index_version), stages=list(state.ran),
+                                                  warnings=list(state.warnings), partial=bool(state.partial),
+                                                  skipped=list(state.skipped))
+
+
+def json_response(reply: BaseModel, exclude: set[str] | None = None) -> Response:
+    """The answer serialised once, by its schema's own serializer: returned as a Response, FastAPI neither validates
+    it again nor hands it to another thread to serialise."""
+    return Response(to_json(reply, exclude), media_type="application/json")
+
+
+def to_json(reply: BaseModel, exclude: set[str] | None = None) -> bytes:
+    return type(reply).__pydantic_serializer__.to_json(reply, exclude=exclude)
 
 
 def rerank_response(outcome: Outcome, items, model: str, return_documents: bool) -> schemas.RerankResponse:

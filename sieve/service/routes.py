@@ -10,46 +10,64 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from sieve.pipeline import registry
 from sieve.pipeline.errors import RequestError
 from sieve.pipeline.searcher import RerankItem, SearchParams
-from sieve.service import schemas
+from sieve.service import schemas, workers
 from sieve.service.cache import Caches
 from sieve.service.components import Components
 from sieve.service.config import Settings
+from sieve.service.errors import error_body
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
-from sieve.service.responses import cohere_rerank_response, rerank_response, search_response
+from sieve.service.responses import cohere_rerank_response, json_response, rerank_response, search_response, to_json
 
 router = APIRouter()
 ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
 bearer = HTTPBearer(auto_error=False, description="API key, when the server has SIEVE_API_KEYS or SIEVE_API_KEYS_FILE")
 
 
-def get_components(request: Request) -> Components:
-    return request.app.state.components
+# The dependencies are coroutines: FastAPI runs a plain `def` dependency in the thread pool, a hop per request each.
+async def get_components(request: Request) -> Components:
+    """The loaded components, with the index brought up to date first when another worker process of this server
+    published a version since (service/workers.py: read your writes across workers)."""
+    state = request.app.state
+    if getattr(state.updater, "behind", None) is not None and state.updater.behind():
+        await run_in_threadpool(state.updater.catch_up)  # loads a version: not on the event loop
+    return state.components
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-def get_caches(request: Request) -> Caches:
+async def get_caches(request: Request) -> Caches:
     return request.app.state.caches
 
 
-def guard(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+async def guard(request: Request,
+                credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """API key (when configured), then the caller's rate limit; the key itself is never logged or stored. Failed
-    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty)."""
+    keys spend a bucket of the client address, so guessing keys is rate limited too (429 once it is empty). On the
+    event loop: the checks are a few comparisons in memory, except a rate limit kept in Redis (a network call),
+    which goes to the thread pool."""
     state = request.app.state
     header = f"{credentials.scheme} {credentials.credentials}" if credentials else request.headers.get("authorization")
     address = request.client.host if request.client else "anonymous"
+    if state.limiter.remote:
+        await run_in_threadpool(check_caller, state, header, address)
+    else:
+        check_caller(state, header, address)
+
+
+def check_caller(state, header: str | None, address: str) -> None:
     try:
         caller = state.auth.identify(header)
     except Unauthorized:
@@ -128,15 +146,15 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
         hit = caches.results.get(key)
     if hit:
         timings = {"total": (time.perf_counter() - started) * 1000}
-        return schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True})
+        return json_response(schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True}))
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     response = search_response(outcome, body.return_documents)
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put(key, response.model_dump(exclude={"timings_ms", "cached"}))
-    return response
+        caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached"}))
+    return json_response(response)
 
 
 def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:
@@ -218,12 +236,18 @@ def shows_paths(request: Request) -> bool:
         return False
 
 
-@router.get("/readyz", response_model=schemas.Ready, tags=["health"])
+@router.get("/readyz", response_model=schemas.Ready, responses={503: {"model": schemas.ErrorResponse}}, tags=["health"])
 def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
-    """Ready: models and index are loaded; `cmc` says which CMC is served and where it came from. File paths only
-    for a caller with a valid API key: anyone else gets the index directory's name and no checkpoint path."""
+    """Ready: models and index are loaded, in every worker process; `cmc` says which CMC is served and where it
+    came from, `workers` how many processes serve and how that number was chosen. File paths only for a caller with
+    a valid API key: anyone else gets the index directory's name and no checkpoint path."""
     index, remote = components.searcher.index, components.searcher.remote_ce
     index.check_ready()  # a Qdrant collection that does not answer: 503 index_unavailable
+    team = workers.status(settings)
+    if team["ready"] < team["count"]:  # a worker still loading (start-up, or one replaced after it died)
+        return error_body(503, "workers_starting", f"{team['ready']} of {team['count']} worker processes are serving",
+                          headers={"Retry-After": "1"}, allowed="retry once every worker has loaded its models",
+                          workers=team)
     paths = shows_paths(request)
     cmc = request.app.state.cmc.status(index)
     if cmc is not None and not paths:
@@ -234,11 +258,11 @@ def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     return schemas.Ready(index_size=index.size, index_version=index.version, **served,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=cmc)
+                         cmc=cmc, workers=team)
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)
 def metrics_endpoint(metrics: MetricsDep, components: ComponentsDep):
     """Prometheus exposition format."""
     metrics.set_index(components.searcher.index)
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -280,6 +280,16 @@ class CMCStatus(Reply):
     adapted: AdaptedCMCStatus | None = Field(None, description="For an adapted CMC: which one and how much of the live index it saw.")
 
 
+class WorkersStatus(Reply):
+    count: int = Field(..., description="Worker processes of this server (SIEVE_WORKERS, or chosen automatically).")
+    ready: int = Field(..., description="Workers serving now (their models loaded); /readyz answers 503 until all are.")
+    pid: int = Field(..., description="Process id of the worker that answered.")
+    chosen: str = Field(..., description="How the count was chosen: SIEVE_WORKERS, or the automatic rule from the CPU "
+                                         "cores and the device, with its inputs.")
+    torch_threads: int = Field(..., description="Torch intra-op threads of this worker (SIEVE_TORCH_THREADS; with "
+                                                "several workers and no setting, the cores divided among them).")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -297,3 +307,4 @@ class Ready(Reply):
                           "stays ready while it is down (answers are then partial, skipping ce).")
     precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
     cmc: CMCStatus | None = Field(None, description="The served CMC and where it came from (null when the CMC stage is off).")
+    workers: WorkersStatus | None = Field(None, description="The server's worker processes (docs/deployment.md).")

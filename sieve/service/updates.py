@@ -13,6 +13,7 @@ in the merged version. See docs/index.md.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -45,10 +46,16 @@ class Conflict(HTTPException):
 
 class IndexUpdater:
     def __init__(self, searcher, index_dir, encoders: dict, load_index, wait_ms: float, on_swap=None,
-                 poll_s: float = 0, merge_policy: MergePolicy | None = MergePolicy(), on_check=None):
+                 poll_s: float = 0, merge_policy: MergePolicy | None = MergePolicy(), on_check=None,
+                 catch_up: bool = False):
         """on_check() -> bool: called in this thread on every poll and reload, for what lives beside the index
-        versions (the adapted CMC, service/cmc_serving.py); True = it changed what is served."""
+        versions (the adapted CMC, service/cmc_serving.py); True = it changed what is served. catch_up: one of
+        several workers of a server; requests call behind()/catch_up() before they read the index."""
         self.searcher, self.index_dir, self.encoders = searcher, index_dir, encoders
+        self.current_file = Path(index_dir) / "CURRENT"
+        self.catching_up = catch_up
+        self.seen = self.current_mark()  # CURRENT as of the loaded version (its inode changes on every publish)
+        self.catch_lock = threading.Lock()
         self.on_check = on_check
         self.load_index, self.wait_s, self.on_swap = load_index, wait_ms / 1000, on_swap
         self.poll_s = poll_s or None  # None: block until a write or reload arrives
@@ -80,6 +87,29 @@ class IndexUpdater:
         self.queue.put(None)
         self.closing = True
         self.merge_wanted.set()
+
+    # -- read your writes across worker processes ---------------------------------------------------------------
+    def current_mark(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.current_file)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def behind(self) -> bool:
+        """Whether CURRENT changed since this worker last looked (one stat): another worker may have published."""
+        return self.catching_up and self.current_mark() != self.seen
+
+    def catch_up(self) -> None:
+        """Swap in the version CURRENT names when it is not the one loaded (a request thread, before it reads the
+        index): a write another worker acknowledged is then read here too."""
+        mark = self.current_mark()
+        with self.catch_lock:
+            if mark == self.seen:
+                return
+            if self.newer_on_disk():
+                self.swap(None)
+            self.seen = mark
 
     # -- the merger thread ------------------------------------------------------------------------------------
     def merge_loop(self) -> None:

@@ -85,6 +85,53 @@ def test_an_index_without_lexical_part_says_so(tmp_path, encoder):
             index.search_lexical("banana", 3)
 
 
+def test_the_query_analyzer_makes_the_terms_bm25s_indexed(tmp_path):
+    """The query side splits and stems without bm25s's per-call set-up: same terms as bm25s.tokenize, which
+    wrote every segment's postings."""
+    import bm25s
+
+    from sieve.index.lexical import Analyzer
+    from tests.conftest import DEMO_CORPUS
+
+    texts = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()]
+    texts += ["", "the of and", "ÉCOLE naïve Café 123 a1 x", "don't re-index the stop-words!", "Ünïcödé ßtraße 42nd"]
+    for language in ("english", "german", "none"):
+        analyzer = Analyzer(LexicalConfig(language=language))
+        for text in texts:
+            expected = bm25s.tokenize([text], stopwords=analyzer.stopwords, stemmer=analyzer.stemmer,
+                                      return_ids=False, show_progress=False)
+            assert analyzer.terms([text]) == expected, (language, text)
+
+
+def test_scores_over_segments_with_deletes_are_those_of_a_loop_over_terms(tmp_path, encoder):
+    """BM25 is computed for all query terms at once: bit for bit what adding term after term gives."""
+    from sieve.index.lexical import _counted
+
+    docs = make_docs(40)
+    build_index(docs[:20], encoder, tmp_path / "ix", progress=False)
+    add_documents(tmp_path / "ix", docs[20:], {"primary": encoder})
+    delete_documents(tmp_path / "ix", [docs[3].id, docs[25].id])
+    with SearchIndex.load(tmp_path / "ix") as index:
+        parts = index._p
+        segments = [s.lexical for s in parts.segments]
+        for query in (docs[5].text, docs[3].text, " ".join(d.text for d in docs[::3]), "zzz"):
+            expected = np.zeros(int(parts.offsets[-1]), np.float32)
+            avgdl = parts.lexical_stats.total_len / parts.lexical_stats.count
+            for term, times in _counted(parts.lexical.terms([query])[0]).items():
+                for seg, offset in zip(segments, parts.offsets[:-1].tolist()):
+                    local, tf = seg.postings(term)
+                    keep = parts.alive[local + offset]
+                    local, tf = local[keep], tf[keep]
+                    df = sum(int(parts.alive[s.postings(term)[0] + o].sum())
+                             for s, o in zip(segments, parts.offsets[:-1].tolist()))
+                    idf = np.log(1 + (parts.lexical_stats.count - df + 0.5) / (df + 0.5))
+                    lens = seg.doc_len[local].astype(np.float32)
+                    expected[local + offset] += (times * idf * tf / (tf + 1.5 * (1 - 0.75 + 0.75 * lens / avgdl))
+                                                 ).astype(np.float32)
+            got = index.lexical_scores(query)
+            assert np.array_equal(got, expected[parts.live_to_phys]), query
+
+
 def test_top_positive_keeps_ties_in_row_order():
     scores = np.array([0.0, 2.0, 1.0, 2.0, 2.0], dtype=np.float32)
     assert top_positive(scores, 2)[1].tolist() == [1, 3]

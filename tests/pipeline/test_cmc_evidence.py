@@ -28,6 +28,30 @@ def test_features_are_the_documented_columns():
     assert rank_feature(np.array([1.0, 1.0])) == pytest.approx([0, -np.log(2)])  # ties keep their order
 
 
+def test_features_are_bit_for_bit_the_column_stack_they_were_trained_on():
+    """Served features are computed column by column into one float32 array (and only the n asked for): exactly
+    the float64 columns stacked and rounded once, as training made them."""
+    def stacked(be, bm25, n):
+        be, bm25 = be.astype(np.float64), np.nan_to_num(bm25.astype(np.float64))
+        top = bm25.max(initial=0.0)
+        def rank(v):
+            r = np.empty(len(v))
+            r[np.argsort(-v, kind="stable")] = np.arange(len(v))
+            return -np.log1p(r)
+        z = lambda v: (v - v.mean()) / v.std() if v.std() > 0 else np.zeros_like(v)  # noqa: E731
+        cols = [-np.log1p(np.arange(len(be))), rank(be), rank(bm25), be, bm25 / top if top > 0 else 0 * bm25,
+                (bm25 > 0).astype(np.float64), z(be), z(bm25)]
+        return np.stack(cols[:n], axis=1).astype(np.float32)
+
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 17, 512):
+        be = np.round(rng.normal(size=k), 1).astype(np.float32)  # rounded: ties
+        bm25 = np.where(rng.random(k) < 0.5, 0, rng.random(k) * 9).astype(np.float32)
+        bm25[0] = np.nan if k > 2 else bm25[0]
+        for n in (3, 6, len(FEATURES)):
+            assert np.array_equal(features(be, bm25, n), stacked(be, bm25, n)), (k, n)
+
+
 @pytest.mark.parametrize("gates", [False, True])
 def test_an_untrained_evidence_cmc_ranks_exactly_as_the_first_stage(gates):
     torch.manual_seed(0)

@@ -55,3 +55,19 @@ def test_rerank_relevance_scores_never_increase():
     out.candidates.texts = ["a", "b", "c", "d"]
     scores = [r.relevance_score for r in rerank_response(out, [None] * 4, "ce", False).results]
     assert scores[:2] == [3.0, 1.0] and scores[2] < 1.0 and scores == sorted(scores, reverse=True)
+
+
+def test_the_search_answer_built_without_validation_is_what_the_schema_validates():
+    """search_response builds its models with model_construct (no second validation): the JSON it serialises must
+    be exactly what validating the same values through the schema gives."""
+    from sieve.service import schemas
+    from sieve.service.responses import to_json
+
+    raw = {"retrieve": [0.9, 0.8, 0.7], "be": [0.5, NAN, 0.25], "bm25": [3.0, 0.0, 1.5], "cmc": [2.0, 1.0, NAN]}
+    built = search_response(outcome(raw, ["retrieve", "cmc"], skipped=("ce",)), return_documents=False)
+    built.timings_ms.update({"total": 1.5, "cmc": 0.25})
+    built.warnings.append("retrieve_k 512 clamped to the index size 3")
+    validated = schemas.SearchResponse.model_validate(built.model_dump())
+    assert to_json(built) == to_json(validated)
+    assert schemas.SearchResponse.model_validate_json(to_json(built)) == validated
+    assert all(type(h.score) is float and type(h.rank) is int for h in built.results)

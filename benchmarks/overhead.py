@@ -1,0 +1,286 @@
+"""What a default /search costs the server outside the model forwards, and what worker processes add.
+
+Two sections, each run as interleaved blocks (the order of the sides reversed every round) against servers that
+stay up for the whole section:
+
+- `zero_cost`: servers whose model forwards are zero-cost stand-ins (benchmarks/zero_cost.py: installed in the
+  benchmark's server processes, not in the product), so what is left is everything else a /search does (HTTP,
+  validation, tokenization, batchers, FAISS, BM25, fusion, features, metrics, the response): QPS and server CPU
+  milliseconds per request at 1 and 2 worker processes, and today's main (`--baseline-tree`) at 1.
+- `real`: the default /search with the real models at 16 clients, this commit against `--baseline-tree`.
+
+Load comes from wrk (Debian's `wrk`, benchmarks/overhead.lua: closed loop, one connection per client, SciFact's
+300 test queries in turn, `Cache-Control: no-cache`); its own CPU is read from its rusage. Server CPU is the user +
+system time of the server's process tree (supervisor and workers) from /proc over the measured window, divided by
+the answered requests. Servers run with SIEVE_LOG_LEVEL=warning (no access log line per request).
+
+    python benchmarks/overhead.py --baseline-tree ../serve-base   # a checkout of main beside this one
+    python benchmarks/overhead.py --quick --out /tmp/overhead.json  # short blocks, one round
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+PREBUILT = REPO.parent / "idx" / "scifact"  # `sieve index build` of SciFact, when the machine has one
+LUA = Path(__file__).with_name("overhead.lua")
+TARGETS = {"zero_cost_server_cpu_ms_median": 1.5, "two_workers_qps_ratio": 1.6, "real_qps_ratio_vs_main": 1.0}
+
+
+@dataclass
+class Side:
+    name: str
+    tree: Path
+    workers: int | None  # None: the tree's default (SIEVE_WORKERS unset)
+    zero_cost: bool
+    proc: subprocess.Popen | None = None
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(side: Side, index: Path, log: Path, timeout_s: float = 900) -> None:
+    side.port = free_port()
+    env = {**os.environ, "SIEVE_INDEX_DIR": str(index), "SIEVE_PORT": str(side.port), "SIEVE_HOST": "127.0.0.1",
+           "SIEVE_LOG_LEVEL": "warning", "PYTHONPATH": str(side.tree)}
+    env.pop("SIEVE_WORKERS", None)
+    if side.zero_cost:
+        cmd = [sys.executable, str(REPO / "benchmarks" / "zero_cost.py"), "--workers", str(side.workers or 1)]
+    else:
+        cmd = [sys.executable, "-m", "sieve.cli", "serve"]
+        if side.workers:
+            env["SIEVE_WORKERS"] = str(side.workers)
+    side.proc = subprocess.Popen(cmd, cwd=side.tree, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if side.proc.poll() is not None:
+            raise RuntimeError(f"{side.name} exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{side.url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{side.name} not ready in {timeout_s} s")
+
+
+def stop(side: Side) -> None:
+    if side.proc is not None and side.proc.poll() is None:
+        side.proc.terminate()
+        try:
+            side.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(side.proc.pid, 9)
+
+
+def tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of `root` and every process below it (all threads), from /proc."""
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry)], cpu[int(entry)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    tree, grew = {root}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(cpu.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, clients: int, duration_s: float, bodies: Path) -> dict:
+    """One wrk run; its result line plus its own CPU seconds (rusage of the child)."""
+    proc = subprocess.Popen(["wrk", "-t1", f"-c{clients}", f"-d{duration_s:g}s", "--timeout", "30s", "-s", str(LUA),
+                             url], env={**os.environ, "QUERIES_FILE": str(bodies)}, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    line = next((x for x in out.splitlines() if x.startswith("WRKJSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no result:\n{out[-2000:]}")
+    return {**json.loads(line[len("WRKJSON "):]), "wrk_cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: Path) -> dict:
+    wrk(side.url, clients, warmup_s, bodies)
+    load, cpu0 = os.getloadavg()[0], tree_cpu_s(side.proc.pid)
+    got = wrk(side.url, clients, duration_s, bodies)
+    cpu = tree_cpu_s(side.proc.pid) - cpu0
+    ok = got["requests"] - got["non_2xx"]
+    seconds = got["duration_us"] / 1e6
+    return {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
+            "qps": round(ok / seconds, 1), "requests": got["requests"], "errors": got["requests"] - ok
+            + got["connect_errors"] + got["read_errors"] + got["write_errors"] + got["timeouts"],
+            "p50_ms": got["p50_us"] / 1000, "p99_ms": got["p99_us"] / 1000,
+            "server_cpu_ms_per_request": round(1000 * cpu / max(ok, 1), 3),
+            "server_cores_used": round(cpu / seconds, 2),
+            "wrk_cpu_ms_per_request": round(1000 * got["wrk_cpu_s"] / max(got["requests"], 1), 3),
+            "duration_s": round(seconds, 2), "load_avg_1m_start": round(load, 2)}
+
+
+def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clients: int) -> list[dict]:
+    rows = []
+    try:
+        for side in sides:
+            start(side, index, logs / f"{side.name}.log")
+        for r in range(args.rounds):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                row = {"round": r, **block(side, clients, args.duration, args.warmup, bodies)}
+                rows.append(row)
+                print(f"{row['side']:>16} c={clients} round {r}: {row['qps']:7.1f} QPS, p50 {row['p50_ms']:.1f} ms, "
+                      f"server CPU {row['server_cpu_ms_per_request']:.3f} ms/request, errors {row['errors']}, "
+                      f"load {row['load_avg_1m_start']}", file=sys.stderr)
+    finally:
+        for side in sides:
+            stop(side)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for name in dict.fromkeys(r["side"] for r in rows):
+        mine = [r for r in rows if r["side"] == name]
+        out[name] = {"qps_pooled": round(sum(r["qps"] * r["duration_s"] for r in mine)
+                                         / sum(r["duration_s"] for r in mine), 1),
+                     "server_cpu_ms_median": statistics.median(r["server_cpu_ms_per_request"] for r in mine),
+                     "wrk_cpu_ms_median": statistics.median(r["wrk_cpu_ms_per_request"] for r in mine),
+                     "errors": sum(r["errors"] for r in mine), "blocks": len(mine)}
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| section | side | workers | round | QPS | p50 ms | p99 ms | server CPU ms/req | server cores | "
+             "wrk CPU ms/req | errors | load 1m |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {'zero-cost' if r['zero_cost'] else 'real'} | {r['side']} | {r['workers'] or 'default'} | "
+              f"{r['round']} | {r['qps']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_ms_per_request']} "
+              f"| {r['server_cores_used']} | {r['wrk_cpu_ms_per_request']} | {r['errors']} | {r['load_avg_1m_start']} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def query_bodies(path: Path) -> int:
+    from sieve.index import read_qrels, read_queries
+
+    qrels = read_qrels(SCIFACT / "qrels" / "test.tsv")
+    texts = [text for qid, text in read_queries(SCIFACT / "queries.jsonl").items() if qid in qrels]
+    path.write_text("".join(json.dumps({"query": t, "top_k": 10}) + "\n" for t in texts))
+    return len(texts)
+
+
+def index_dir(args, tmp: Path) -> Path:
+    if args.index is not None:
+        return args.index
+    if (PREBUILT / "CURRENT").is_file():
+        return PREBUILT
+    from benchmarks.load import build_index
+
+    build_index(tmp / "index", "scifact")
+    return tmp / "index"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", type=Path, help=f"a SciFact index (default {PREBUILT} if built, else built here)")
+    parser.add_argument("--baseline-tree", type=Path, help="a checkout of main (its own code and index format)")
+    parser.add_argument("--sections", default="zero_cost,real", help="zero_cost, real, or both")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
+                                                                  "comma-separated ('default' = SIEVE_WORKERS unset)")
+    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
+    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
+    parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
+    parser.add_argument("--quick", action="store_true", help="5 s blocks, 1 round")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "overhead.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.rounds = 5.0, 1.0, 1
+    return args
+
+
+def sides_of(section_name: str, args) -> list[Side]:
+    base = [Side("main", args.baseline_tree.resolve(), 1 if section_name == "zero_cost" else None,
+                 section_name == "zero_cost")] if args.baseline_tree else []
+    if section_name == "zero_cost":
+        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True)]
+    counts = [None if c == "default" else int(c) for c in args.real_workers.split(",")]
+    return [*(Side(f"this-{c or 'default'}w", REPO, c, False) for c in counts), *base]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from benchmarks.cmc_latency import machine
+
+    info = machine()
+    result = {"machine": info, "targets": TARGETS, "clients": args.clients, "baseline_tree": str(args.baseline_tree),
+              "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds, "sections": {},
+              "request": {"body": {"query": "<SciFact test query>", "top_k": 10},
+                          "headers": {"Cache-Control": "no-cache"}},
+              "command": shlex.join(["python", "benchmarks/overhead.py", *(sys.argv[1:] if argv is None else argv)]),
+              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if args.baseline_tree:
+        result["baseline_commit"] = subprocess.run(["git", "-C", str(args.baseline_tree), "rev-parse", "HEAD"],
+                                                   capture_output=True, text=True).stdout.strip()
+    result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                                      text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp:
+        tmp = Path(tmp)
+        bodies = tmp / "bodies.jsonl"
+        result["queries"] = query_bodies(bodies)
+        index = index_dir(args, tmp)
+        result["index"] = str(index)
+        for name in args.sections.split(","):
+            rows = section(sides_of(name, args), index, args, bodies, tmp, args.clients)
+            result["sections"][name] = {"rows": rows, "summary": summary(rows)}
+            print(table(rows))
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["verdict"] = verdict(result["sections"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["verdict"], indent=2))
+
+
+def verdict(sections: dict) -> dict:
+    out = {}
+    zero = sections.get("zero_cost", {}).get("summary", {})
+    if "this-1w" in zero:
+        out["zero_cost_server_cpu_ms_median"] = {side: s["server_cpu_ms_median"] for side, s in zero.items()}
+    if "this-1w" in zero and "this-2w" in zero:
+        out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
+    real = sections.get("real", {}).get("summary", {})
+    if "main" in real:
+        out["real_qps_ratio_vs_main"] = {side: round(s["qps_pooled"] / real["main"]["qps_pooled"], 2)
+                                         for side, s in real.items() if side != "main"}
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""`sieve serve` with two worker processes on one port and one index directory (service/workers.py), as a real
+subprocess: a write through one worker is read through the other, /metrics adds up both, a SIGKILLed worker is
+replaced without losing an acknowledged write, and SIGTERM lets both finish what they have in flight.
+The tests share one server and run in file order; the SIGTERM test ends it."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from sieve.index import SearchIndex
+from tests.server import Server
+
+WORKERS = 2
+REPLACED_WITHIN_S = 600  # a new worker loads the bi-encoder: seconds on a quiet machine, minutes on a busy one
+
+
+@pytest.fixture(scope="module")
+def team(demo_index, tmp_path_factory):
+    index = tmp_path_factory.mktemp("workers") / "index"
+    shutil.copytree(demo_index, index)
+    srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_WORKERS": str(WORKERS), "SIEVE_WRITE_BATCH_WAIT_MS": "5"},
+                 tmp_path_factory.mktemp("logs") / "workers.log")
+    srv.index = index
+    yield srv
+    srv.stop()
+
+
+def worker_of(client: httpx.Client) -> int:
+    """The pid of the worker this client's connection reached (the body of a 503 names it too)."""
+    body = client.get("/readyz").json()
+    return (body.get("workers") or body["error"]["workers"])["pid"]
+
+
+def clients_on_two_workers(server: Server) -> tuple[httpx.Client, httpx.Client]:
+    """Two keep-alive clients whose connections reached different workers (the kernel picks one per connection)."""
+    first = server.client()
+    for _ in range(60):
+        second = server.client()
+        if worker_of(second) != worker_of(first):
+            return first, second
+        second.close()
+    raise AssertionError("60 new connections all reached one worker")
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The value of one series of a /metrics exposition (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if labels else "") + r" (\S+)"
+    found = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_write_through_one_worker_is_read_through_the_other(team):
+    a, b = clients_on_two_workers(team)
+    try:
+        writer = worker_of(a)
+        doc = {"id": "team-1", "text": "quokkas photograph themselves smiling on Rottnest Island"}
+        assert a.post("/documents", json={"documents": [doc]}).status_code == 200
+        reader = worker_of(b)
+        got = b.get("/documents/team-1")
+        hits = b.post("/search", json={"query": "quokkas Rottnest", "top_k": 3, "retriever": "bm25"}).json()
+        assert worker_of(b) == reader and worker_of(a) == writer and reader != writer
+    finally:
+        a.close()
+        b.close()
+    assert got.status_code == 200 and got.json()["text"] == doc["text"]
+    assert hits["results"][0]["id"] == "team-1"
+
+
+def test_counters_and_histograms_add_up_every_worker(team):
+    with team.client() as c:
+        before = c.get("/metrics").text
+    calls, pids = 0, set()
+    while calls < 20 or len(pids) < WORKERS:
+        assert calls < 200, f"200 new connections reached only {pids}"
+        with team.client() as c:  # a new connection each time: over many, both workers answer
+            pids.add(worker_of(c))
+        calls += 1
+    with team.client() as c:
+        after = c.get("/metrics").text
+    series = {"endpoint": "/readyz", "status": "200"}
+    assert metric(after, "sieve_requests_total", **series) - metric(before, "sieve_requests_total", **series) == calls
+    count = "sieve_request_latency_seconds_count"
+    assert metric(after, count, endpoint="/readyz") - metric(before, count, endpoint="/readyz") == calls
+    assert metric(after, "sieve_index_size") > 0 and 'sieve_cmc_info{' in after
+
+
+class Writes:
+    """Single-document writes from a few threads, each on a new connection; what was acknowledged (200)."""
+
+    def __init__(self, server: Server):
+        self.server, self.acked, self.lock = server, [], threading.Lock()
+
+    def run(self, writer: int, n: int) -> None:
+        for i in range(n):
+            doc = {"id": f"kill-{writer}-{i}", "text": f"note {i} of writer {writer} about lighthouses"}
+            try:
+                with self.server.client(timeout=60) as c:
+                    r = c.post("/documents", json={"documents": [doc]})
+            except httpx.TransportError:
+                continue  # its worker was killed: not acknowledged
+            if r.status_code == 200:
+                with self.lock:
+                    self.acked.append(doc["id"])
+
+
+def test_a_killed_worker_is_replaced_and_no_acknowledged_write_is_lost(team):
+    with team.client() as c:
+        victim = worker_of(c)
+    writes = Writes(team)
+    threads = [threading.Thread(target=writes.run, args=(w, 15)) for w in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while len(writes.acked) < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(victim, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=300)
+    assert len(writes.acked) >= 6
+    missing = [i for i in writes.acked if fresh_get(team, f"/documents/{i}").status_code != 200]
+    assert not missing, f"acknowledged, then not served by the surviving worker: {missing[:5]}"
+    replaced = wait_for_replacement(team, victim)
+    pids = set()
+    for doc_id in writes.acked * 2:  # new connections: the replacement answers its share
+        with team.client() as c:
+            pids.add(worker_of(c))
+            assert c.get(f"/documents/{doc_id}").status_code == 200, doc_id
+    assert replaced in pids and victim not in pids
+
+
+def fresh_get(server: Server, path: str) -> httpx.Response:
+    with server.client() as c:
+        return c.get(path)
+
+
+def wait_for_replacement(server: Server, victim: int) -> int:
+    """Waits until /readyz is 200 again (every worker serving); returns a pid that is new."""
+    deadline = time.monotonic() + REPLACED_WITHIN_S
+    while time.monotonic() < deadline:
+        with server.client() as c:
+            r = c.get("/readyz")
+        if r.status_code == 200:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    seen = set()
+    for _ in range(100):
+        with server.client() as c:
+            seen.add(worker_of(c))
+        if len(seen) == WORKERS:
+            break
+    assert victim not in seen
+    return next(iter(seen - {victim}))
+
+
+def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
+    a, b = clients_on_two_workers(team)
+    batches = {name: [{"id": f"drain-{name}-{i}", "text": f"a long note {i} " + "about tides and moons " * 12}
+                      for i in range(150)] for name in "ab"}
+    answers = {}
+
+    def post(name, client):
+        try:
+            answers[name] = client.post("/documents", json={"documents": batches[name]}, timeout=300)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=post, args=pair) for pair in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    deadline, inflight = time.monotonic() + 60, 0.0
+    while inflight < 2 and time.monotonic() < deadline:  # both writes are in, on their two workers
+        inflight = metric(fresh_get(team, "/metrics").text, "sieve_inflight_requests")
+    team.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=300)
+    assert team.proc.wait(timeout=300) == 0
+    assert inflight >= 2, "the two writes were not both in flight at SIGTERM"
+    assert {name: r.status_code for name, r in answers.items()} == {"a": 200, "b": 200}
+    with SearchIndex.load(team.index) as index:
+        assert all(index.has_id(d["id"]) for docs in batches.values() for d in docs)
