@@ -12,10 +12,11 @@ import time
 from collections import OrderedDict
 
 import anyio
+import pydantic_core
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sieve.service.errors import error_body
+from sieve.service.errors import error_body, malformed_json
 from sieve.service.metrics import Metrics
 
 WORK_PREFIXES = ("/search", "/rerank", "/v2/rerank", "/documents", "/admin")
@@ -159,6 +160,9 @@ class InflightLimit:
             return await error_body(413, "body_too_large", str(exc.detail))(scope, receive, send)
         if messages[-1]["type"] == "http.disconnect":
             return  # the client left: nobody to answer
+        if nested_too_deeply(messages):
+            return await malformed_json(f"the request body is nested more than {MAX_NESTING} levels deep")(
+                scope, receive, send)
         if self.count >= self.limit:
             self.metrics.rejected.labels(reason="overloaded").inc()
             response = error_body(429, "overloaded", f"more than {self.limit} requests in progress; retry shortly",
@@ -212,6 +216,23 @@ async def read_body(receive: Receive) -> list[dict]:
         messages.append(message)
         if message["type"] == "http.disconnect" or not message.get("more_body", False):
             return messages
+
+
+MAX_NESTING = 200  # JSON arrays and objects inside each other: pydantic-core's parser stops at this depth
+
+
+def nested_too_deeply(messages: list[dict]) -> bool:
+    """Whether the body nests JSON deeper than MAX_NESTING. Checked here so that the answer (400 malformed_json)
+    never depends on the interpreter's recursion limit at the moment json.loads runs (another thread, e.g. a test
+    framework, may raise it). Counting brackets is C-fast; only a body with enough of them is parsed to find out."""
+    brackets = sum(m.get("body", b"").count(b"[") + m.get("body", b"").count(b"{") for m in messages)
+    if brackets <= MAX_NESTING:
+        return False
+    try:
+        pydantic_core.from_json(b"".join(m.get("body", b"") for m in messages))
+    except ValueError as exc:
+        return "recursion limit" in str(exc)
+    return False
 
 
 def replay(messages: list[dict], receive: Receive) -> Receive:

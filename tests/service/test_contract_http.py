@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 
 import pytest
@@ -80,6 +81,20 @@ def test_bodies_json_cannot_read_are_malformed_json(client, raw, words):
         assert reply.status_code == 400, reply.text[:300]
         error = reply.json()["error"]
         assert error["code"] == "malformed_json" and error["field"] == "body" and words in error["message"], error
+
+
+def test_nesting_past_200_levels_is_malformed_whatever_the_recursion_limit(client):
+    """The server bounds nesting itself: a test framework (Hypothesis) may raise the process's recursion limit while
+    the server answers from a thread of the same process, and json.loads would then read 2,000 levels."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        for depth, status in ((250, 400), (2_000, 400), (150, 422)):  # 150 levels parse; the schema refuses a list
+            reply = client.post("/search", content=b"[" * depth + b"]" * depth,
+                                headers={"content-type": "application/json"})
+            assert reply.status_code == status, (depth, reply.text[:200])
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def test_every_schema_error_names_its_field_at_the_top_level(client):
