@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp32"] = Field("auto", description="auto: bi-encoder query tower, CMC and cross-encoder run in the lowest precision the device has and that keeps rankings (bf16 with AVX-512 BF16/AMX, int8 linear layers with VNNI, fp16 on CUDA; see docs/performance.md and /readyz); fp32: everything in fp32.")
     torch_threads: int | None = Field(None, ge=1, description="Torch intra-op threads; unset = torch's default.")
     faiss_gpu: bool = Field(True, description="Move the FAISS index to the GPU when CUDA and faiss-gpu are present (not HNSW).")
+    flat_search_on_device: bool = Field(True, description="On CUDA, hold every flat (exact) index segment's vectors in GPU memory in fp16 and search them there (one matmul + top-k; faiss-gpu's flat index where installed and SIEVE_FAISS_GPU is on); false = FAISS on the CPU. No effect on a CPU.")
+    device_speedup: float | None = Field(None, gt=0, description="How many times faster than the 2-core CPU the defaults were sized on this server's device runs the models; scales the default SIEVE_RERANK_MAX_TOKENS and SIEVE_DEFAULT_TIMEOUT_MS when they are not set (docs/deployment.md, GPU). Empty = measured at start-up on CUDA (a short bi-encoder forward), 1 on a CPU. /readyz `limits` shows what is in force.")
+    shape_buckets: Literal["auto", "on", "off"] = Field("auto", description="Pad query-encoder batches (batch size, tokens) and CMC batches (queries, candidates) up to fixed bucket sizes, masked, so a GPU sees few distinct shapes (what CUDA graphs need); scores are unchanged. auto = on CUDA only.")
+    cuda_graphs: bool = Field(False, description="On CUDA, run the query encoders and CMC through torch.compile(mode='reduce-overhead') (CUDA graphs) at the bucketed shapes, compiled at start-up; needs batching on. Ignored on a CPU. Unmeasured: no GPU was available to this work.")
+    cuda_streams: bool = Field(True, description="On CUDA, each model's batcher thread runs its forwards on a CUDA stream of its own, so the bi-encoder's and CMC's query towers (and CMC and the cross-encoder) overlap on the GPU. No effect on a CPU.")
     nprobe: int = Field(16, ge=1, description="IVF cells probed per query.")
     ef_search: int = Field(128, ge=1, description="HNSW efSearch.")
     # throughput: micro-batching across concurrent requests (one worker thread per model)
@@ -132,7 +137,7 @@ class Settings(BaseSettings):
     workers: int | None = Field(None, ge=1, le=256, description="Worker processes of `sieve serve`, answering on one port and serving one index (docs/deployment.md); unset or `auto` = one per 2 CPU cores on CUDA (at most 8), one per 4 cores on a CPU (at most 4); /readyz says what was chosen. Each worker loads its own models; with several, torch threads are the cores divided among them unless SIEVE_TORCH_THREADS is set.")
 
     @field_validator("model_path", "cmc_path", "cross_encoder_path", "ce_query_max_length", "ce_max_length",
-                     "redis_url", "api_keys", "api_keys_file", "ce_url", "ce_api_key", "default_timeout_ms",
+                     "redis_url", "api_keys", "api_keys_file", "ce_url", "ce_api_key", "default_timeout_ms", "device_speedup",
                      "rate_limit_per_s", "workers", mode="before")
     @classmethod
     def empty_is_unset(cls, value):

@@ -27,7 +27,8 @@ def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
         return open_qdrant(settings, biencoder)
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
-                             nprobe=settings.nprobe, ef_search=settings.ef_search)
+                             nprobe=settings.nprobe, ef_search=settings.ef_search,
+                             flat_device=str(device) if settings.flat_search_on_device and device.type == "cuda" else None)
     if cmc is not None and cmc.config.mode == "separate" and not index.has_store("cmc"):
         index.close()
         raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "
