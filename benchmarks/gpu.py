@@ -79,6 +79,11 @@ def machine(device: str) -> dict:
             "load_avg_start": list(os.getloadavg())}
 
 
+def sieve_bin() -> str:
+    """The `sieve` command: SIEVE_BIN (gpu_run.sh installs into a --target directory), else the one beside python."""
+    return os.environ.get("SIEVE_BIN") or str(Path(sys.executable).parent / "sieve")
+
+
 def server_env(args, device: str, extra: dict | None = None) -> dict:
     env = dict(os.environ, SIEVE_DEVICE=device, SIEVE_INDEX_DIR=str(args.index), SIEVE_CACHE_ENABLED="false",
                SIEVE_MAX_INFLIGHT="512", SIEVE_LOG_LEVEL="warning", SIEVE_DEFAULT_TIMEOUT_MS="60000",
@@ -90,7 +95,7 @@ def server_env(args, device: str, extra: dict | None = None) -> dict:
 
 
 def start(run: Run, name: str, env: dict, port: int, workers: int | None, logs: Path):
-    cmd = [str(Path(sys.executable).parent / "sieve"), "serve", "--port", str(port)]
+    cmd = [sieve_bin(), "serve", "--port", str(port)]
     if workers:
         cmd += ["--workers", str(workers)]
     t0, log = time.time(), open(logs / f"serve-{name}.log", "w")
@@ -236,7 +241,7 @@ def build_section(run: Run, args) -> None:
     docs = len(rows) * args.reps
     env = server_env(args, args.device, {"SIEVE_ENCODE_BATCH_SIZE": "256" if args.device != "cpu" else "32"})
     t0 = time.perf_counter()
-    done = subprocess.run([str(Path(sys.executable).parent / "sieve"), "index", "build", "--corpus", str(corpus), "--out",
+    done = subprocess.run([sieve_bin(), "index", "build", "--corpus", str(corpus), "--out",
                            str(args.index)], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     run.data["build"] = {"documents": docs, "seconds_with_start_up": round(seconds, 1),
