@@ -259,7 +259,8 @@ def micro_section(run: Run, args) -> None:
         env.pop(key)
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_micro.py"), "--device", args.device,
                            "--queries", str(args.queries), "--corpus", str(args.corpus), "--out", str(out),
-                           "--reps", "3" if args.quick else "20"], env=env, capture_output=True, text=True)
+                           *(["--reps", "2", "--ks", "512,2048", "--pairs", "16"] if args.quick else [])],
+                          env=env, capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
         run.error(f"micro failed: {done.stderr[-2000:]}")
         return

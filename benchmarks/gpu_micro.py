@@ -46,11 +46,11 @@ def texts_of(path: Path, field: str, n: int) -> list[str]:
     return [(r.get("title", "") + " " + r[field]).strip() if field == "text" else r[field] for r in rows]
 
 
-def cross_encoder_rows(ce, device, queries, docs, reps) -> list[dict]:
+def cross_encoder_rows(ce, device, queries, docs, reps, pairs) -> list[dict]:
     import torch
 
     rows = []
-    for n in (100, 512):
+    for n in pairs:
         qs, ds = [queries[i % len(queries)] for i in range(n)], [docs[i % len(docs)] for i in range(n)]
         tokenize_ms = timed_ms(lambda: ce.tokenize_pairs(qs, ds), torch.device("cpu"), reps=max(1, reps // 4), warm=1)
         batch = ce.tokenize_pairs(qs, ds)
@@ -107,6 +107,7 @@ def main(argv=None) -> None:
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--ks", default="512,10000,16384")
+    parser.add_argument("--pairs", default="100,512")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     import torch
@@ -121,7 +122,8 @@ def main(argv=None) -> None:
     ks = [int(k) for k in args.ks.split(",")]
     res = {"device": str(device), "limits": components.limits.as_dict(), "precision": components.precision}
     if "ce" in searcher.models:
-        res["cross_encoder"] = cross_encoder_rows(searcher.models["ce"], device, queries, docs, args.reps)
+        res["cross_encoder"] = cross_encoder_rows(searcher.models["ce"], device, queries, docs, args.reps,
+                                                  [int(n) for n in args.pairs.split(",")])
     model, dim, dtype = paper_cmc(device)
     res["cmc_paper_shape"] = {"dim": dim, "dtype": str(dtype), "rows": cmc_rows(model, dim, device, ks, args.reps, dtype)}
     vectors = searcher.biencoder.encode_queries(queries).float().cpu().numpy()  # (Q, d)
