@@ -10,6 +10,8 @@ torch is imported here only when a segment is put on a device: `sieve.index` sta
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .storage import row_chunks
@@ -34,6 +36,7 @@ class DeviceFlat:
         self.device = device
         self.backend = flat_backend(device, faiss_gpu)
         self.rows, self.dim = int(vectors.shape[0]), int(vectors.shape[1])
+        self.lock = threading.Lock()  # FAISS GPU indexes do not allow concurrent searches (torch's path needs none)
         if self.backend == "faiss-gpu":
             self.index = _faiss_gpu_flat(vectors, device)
             self.vectors = None
@@ -45,7 +48,8 @@ class DeviceFlat:
         """(scores (B, k) float32, rows (B, k) int64), best first; k is at most the segment's rows."""
         k = min(k, self.rows)
         if self.index is not None:
-            return self.index.search(np.ascontiguousarray(q, dtype=np.float32), k)
+            with self.lock:
+                return self.index.search(np.ascontiguousarray(q, dtype=np.float32), k)
         import torch
 
         out_s, out_r = [], []
