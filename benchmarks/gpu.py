@@ -176,8 +176,10 @@ async def closed_loop(url: str, bodies, clients: int, seconds: float, record: bo
         await asyncio.gather(*(client(i, http) for i in range(clients)))
 
 
-def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, clients: int, per_request: int = 1) -> dict:
+def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, nominal: int, per_request: int = 1) -> dict:
+    """One measured window at `nominal` clients (a --quick run caps them at 4)."""
     url, lat, codes = f"http://127.0.0.1:{port}{path}", [], {}
+    clients = min(nominal, 4) if args.quick else nominal
     asyncio.run(closed_loop(url, bodies, clients, args.warm_s, False, lat, codes))
     before = stage_sums(port)
     t0 = time.perf_counter()
@@ -186,7 +188,7 @@ def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, c
     lat.sort()
     pct = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None  # noqa: E731
     ok = codes.get("200", 0) / wall
-    row = {"cell": name, "server": server, "path": path, "clients": clients, "n": len(lat), "seconds": round(wall, 2),
+    row = {"cell": name, "server": server, "path": path, "nominal_clients": nominal, "clients": clients, "n": len(lat), "seconds": round(wall, 2),
            "qps": round(len(lat) / wall, 2), "ok_qps": round(ok, 2), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
            "p99_ms": pct(0.99), "codes": codes, "stage_means": stage_means(before, after),
            "load_avg": list(os.getloadavg())}
@@ -271,7 +273,7 @@ def micro_section(run: Run, args) -> None:
 def ratios(run: Run) -> dict:
     """The figures issue 32 asks for side by side: device over the same machine's CPU, N workers over one."""
     def find(server: str, cname: str, clients: int, key: str):
-        return next((c.get(key) for c in run.data["cells"] if (c["server"], c["cell"], c["clients"]) ==
+        return next((c.get(key) for c in run.data["cells"] if (c["server"], c["cell"], c["nominal_clients"]) ==
                      (server, cname, clients)), None)
 
     def ratio(a, b):
@@ -325,26 +327,25 @@ def main(argv=None) -> None:
                "benchmarks/gpu.py on a CUDA machine", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": meta})
     queries, docs = texts(args.queries, 300), texts(args.corpus, 2000)
-    q = lambda n: n if not args.quick else min(n, 4)  # noqa: E731 - clients in a quick run
     if "build" in sections:
         build_section(run, args)
     if "micro" in sections:
         micro_section(run, args)
     if "serve" in sections:
         serve_section(run, args, "device", args.device, [
-            *[("default", "/search", searches(queries, DEFAULT), q(c), 1) for c in (1, 16, 64)],
-            *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), q(c), 100) for c in (1, 8)],
+            *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (1, 16, 64)],
+            *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), c, 100) for c in (1, 8)],
             ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)])
     if "nobatch" in sections:
-        serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), q(16), 1)],
+        serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), 16, 1)],
                       {"SIEVE_BATCHING": "false"})
     if "cpu" in sections:
-        serve_section(run, args, "cpu", "cpu", [("default", "/search", searches(queries, DEFAULT), q(16), 1),
+        serve_section(run, args, "cpu", "cpu", [("default", "/search", searches(queries, DEFAULT), 16, 1),
                                                 ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)])
     if "workers" in sections:
         for n in (int(w) for w in args.workers.split(",") if w):
             serve_section(run, args, f"workers{n}", args.device,
-                          [("default", "/search", searches(queries, DEFAULT), q(c), 1) for c in (64, 128)], workers=n)
+                          [("default", "/search", searches(queries, DEFAULT), c, 1) for c in (64, 128)], workers=n)
     run.data["ratios"] = ratios(run)
     run.data["finished"], run.data["load_avg_end"] = time.strftime("%Y-%m-%dT%H:%M:%S"), list(os.getloadavg())
     run.save()
