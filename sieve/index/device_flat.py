@@ -73,7 +73,8 @@ def _to_device(vectors, device: str):
     out = torch.empty((int(vectors.shape[0]), int(vectors.shape[1])), dtype=dtype, device=device)
     start = 0
     for block in row_chunks(vectors):  # block by block: a memory-mapped segment is never read whole into RAM
-        out[start:start + len(block)] = torch.from_numpy(np.array(block, dtype=np.float32)).to(device, dtype)  # a copy: maps are read-only
+        block = np.array(block, dtype=np.float32)  # a copy: torch does not take read-only (memory-mapped) arrays
+        out[start:start + len(block)] = torch.from_numpy(block).to(device, dtype)
         start += len(block)
     return out
 

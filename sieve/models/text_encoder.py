@@ -42,7 +42,7 @@ class TextEncoder:
         self.lengths = lengths
         self.device = device
         self.batch_size = batch_size
-        self.runtime = DeviceRuntime()  # how query forwards run (bucketed shapes, own CUDA stream, graphs): start-up sets it
+        self.runtime = DeviceRuntime()  # how query forwards run (buckets, own CUDA stream, graphs): set at start-up
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, name: str | None = None, lengths: EncoderLengths = EncoderLengths(),

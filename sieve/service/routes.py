@@ -136,8 +136,9 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     rerank = body.rerank or searcher.default_rerank(retriever, settings.default_rerank)
     use_ce = body.cross_encoder if body.cross_encoder is not None else \
         settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
+    deadline = timeout_of(body, limits_of(components, settings))
     params = SearchParams(body.query, body.top_k, retrieve_k_of(body, searcher.index), rerank, body.cmc_k, use_ce,
-                          timeout_of(body, limits_of(components, settings)), retriever=retriever, ce_model=body.ce_model,
+                          deadline, retriever=retriever, ce_model=body.ce_model,
                           use_cache=not fresh, cancelled=hang_up(request))
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "cross_encoder": use_ce, "retriever": retriever,
