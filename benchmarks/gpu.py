@@ -9,6 +9,8 @@ Sections (--sections, in this order; each server is started, measured and stoppe
   serve    the default /search (hybrid -> CMC over 512, top_k 10) at 1 / 16 / 64 clients with per-stage means from
            /metrics; /rerank of 100 documents with the cross-encoder at 1 and 8 clients (pairs/s); /search with
            CMC over 16,384 candidates (retriever be), p50 at one client
+  papercmc the paper-style CMC (two attention layers; the shipped default is an MLP over the evidence, which costs
+           nothing at any K): /search retriever be -> CMC over 512 at 1 and 16 clients, over 16,384 at 1
   nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
   cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 clients, /rerank 100 at 1: the ratios
   workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients
@@ -40,9 +42,10 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
-SECTIONS = ("build", "micro", "serve", "nobatch", "cpu", "workers")
+SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "workers")
 DEFAULT = {}  # the default /search: the server's retriever, reranker and top_k 10
-BE_CMC_16384 = {"retriever": "be", "rerank": "cmc", "cross_encoder": False, "retrieve_k": 16384}
+BE_CMC = {"retriever": "be", "rerank": "cmc", "cross_encoder": False}  # retrieve_k 512 by default
+BE_CMC_16384 = {**BE_CMC, "retrieve_k": 16384}
 
 
 class Run:
@@ -63,13 +66,16 @@ class Run:
 
 
 def machine(device: str) -> dict:
-    probe = ("import json, sys, torch, transformers, faiss, fastapi, numpy; print(json.dumps({'python': sys.version.split()[0],"
+    probe = ("import json, sys, torch, transformers, faiss, fastapi, numpy; "
+             "print(json.dumps({'python': sys.version.split()[0],"
              " 'torch': torch.__version__, 'transformers': transformers.__version__, 'faiss': faiss.__version__,"
              " 'fastapi': fastapi.__version__, 'numpy': numpy.__version__, 'cuda': torch.version.cuda,"
              " 'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,"
              " 'faiss_gpus': getattr(faiss, 'get_num_gpus', lambda: 0)()}))")
-    versions = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    versions = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                         check=True).stdout)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     if not commit and (REPO / "COMMIT").exists():  # a packed tree (gpu_prepare.sh) records its commit
         commit = (REPO / "COMMIT").read_text().strip()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -112,8 +118,8 @@ def start(run: Run, name: str, env: dict, port: int, workers: int | None, logs: 
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    run.data["servers"][name] = {"device": env["SIEVE_DEVICE"], "workers": workers, "start_s": round(time.time() - t0, 1),
-                                 "readyz": ready, "exit": proc.poll()}
+    run.data["servers"][name] = {"device": env["SIEVE_DEVICE"], "workers": workers,
+                                 "start_s": round(time.time() - t0, 1), "readyz": ready, "exit": proc.poll()}
     run.save()
     if ready is None:
         stop(proc)
@@ -176,7 +182,8 @@ async def closed_loop(url: str, bodies, clients: int, seconds: float, record: bo
         await asyncio.gather(*(client(i, http) for i in range(clients)))
 
 
-def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, nominal: int, per_request: int = 1) -> dict:
+def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, nominal: int,
+         per_request: int = 1) -> dict:
     """One measured window at `nominal` clients (a --quick run caps them at 4)."""
     url, lat, codes = f"http://127.0.0.1:{port}{path}", [], {}
     clients = min(nominal, 4) if args.quick else nominal
@@ -188,7 +195,8 @@ def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, n
     lat.sort()
     pct = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None  # noqa: E731
     ok = codes.get("200", 0) / wall
-    row = {"cell": name, "server": server, "path": path, "nominal_clients": nominal, "clients": clients, "n": len(lat), "seconds": round(wall, 2),
+    row = {"cell": name, "server": server, "path": path, "nominal_clients": nominal, "clients": clients,
+           "n": len(lat), "seconds": round(wall, 2),
            "qps": round(len(lat) / wall, 2), "ok_qps": round(ok, 2), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
            "p99_ms": pct(0.99), "codes": codes, "stage_means": stage_means(before, after),
            "load_avg": list(os.getloadavg())}
@@ -247,7 +255,8 @@ def build_section(run: Run, args) -> None:
                            str(args.index)], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     run.data["build"] = {"documents": docs, "seconds_with_start_up": round(seconds, 1),
-                         "docs_per_s": round(docs / seconds, 1), "exit": done.returncode, "log_tail": done.stderr[-1500:]}
+                         "docs_per_s": round(docs / seconds, 1), "exit": done.returncode,
+                         "log_tail": done.stderr[-1500:]}
     run.save()
     if done.returncode != 0:
         run.error(f"index build failed: {done.stderr[-2000:]}")
@@ -279,7 +288,8 @@ def ratios(run: Run) -> dict:
     def ratio(a, b):
         return round(a / b, 2) if a and b else None
 
-    out = {"search_16_device_over_cpu": ratio(find("device", "default", 16, "ok_qps"), find("cpu", "default", 16, "ok_qps")),
+    out = {"search_16_device_over_cpu": ratio(find("device", "default", 16, "ok_qps"),
+                                              find("cpu", "default", 16, "ok_qps")),
            "rerank100_1_device_over_cpu": ratio(find("device", "rerank-ce-100", 1, "pairs_per_s"),
                                                 find("cpu", "rerank-ce-100", 1, "pairs_per_s")),
            "search_16_batching_over_none": ratio(find("device", "default", 16, "ok_qps"),
@@ -305,7 +315,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ndocs", type=int, default=10**9, help="documents of --corpus taken")
     parser.add_argument("--reps", type=int, default=9, help="copies of them (SciFact x 9: 46,647, all flat segments)")
     parser.add_argument("--index", type=Path, help="an index to serve (default: the one `build` makes in --work)")
-    parser.add_argument("--models", type=Path, help="be/, ce/, cmc-fusion/ (gpu_run.sh's); default: the shipped models")
+    parser.add_argument("--models", type=Path, help="be/, ce/, cmc-fusion/, cmc/ (gpu_run.sh's); default: the shipped")
     parser.add_argument("--workers", default="1,2,4,8", help="worker counts of the `workers` section")
     parser.add_argument("--work", type=Path, default=Path("/tmp/sieve-gpu"))
     parser.add_argument("--port", type=int, default=8810)
@@ -321,7 +331,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     sections = args.sections.split(",")
     meta = machine(args.device)
-    slug = "cpu_smoke" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", (meta["gpu"] or args.device).lower()).strip("_")
+    name = (meta["gpu"] or args.device).lower()
+    slug = "cpu_smoke" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", name).strip("_")
     run = Run(args.out or REPO / "benchmarks" / "results" / f"gpu_{slug}.json",
               {"what": "CPU smoke run of benchmarks/gpu.py: NOT a GPU measurement" if args.device == "cpu" else
                "benchmarks/gpu.py on a CUDA machine", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -336,6 +347,11 @@ def main(argv=None) -> None:
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (1, 16, 64)],
             *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), c, 100) for c in (1, 8)],
             ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)])
+    if "papercmc" in sections:
+        paper = str(args.models / "cmc") if args.models else "shipped:cmc"
+        serve_section(run, args, "papercmc", args.device, [
+            *[("be-cmc-512", "/search", searches(queries, BE_CMC), c, 1) for c in (1, 16)],
+            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)], {"SIEVE_CMC_PATH": paper})
     if "nobatch" in sections:
         serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), 16, 1)],
                       {"SIEVE_BATCHING": "false"})

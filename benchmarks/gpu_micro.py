@@ -125,7 +125,8 @@ def main(argv=None) -> None:
         res["cross_encoder"] = cross_encoder_rows(searcher.models["ce"], device, queries, docs, args.reps,
                                                   [int(n) for n in args.pairs.split(",")])
     model, dim, dtype = paper_cmc(device)
-    res["cmc_paper_shape"] = {"dim": dim, "dtype": str(dtype), "rows": cmc_rows(model, dim, device, ks, args.reps, dtype)}
+    rows = cmc_rows(model, dim, device, ks, args.reps, dtype)
+    res["cmc_paper_shape"] = {"dim": dim, "dtype": str(dtype), "rows": rows}
     vectors = searcher.biencoder.encode_queries(queries).float().cpu().numpy()  # (Q, d)
     res["search"] = search_rows(settings.index_dir, device, vectors, args.reps)
     components.close()

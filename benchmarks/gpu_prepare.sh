@@ -9,7 +9,7 @@
 set -euo pipefail
 ROOT=$(pwd); VENV=${VENV:-$ROOT/.venv}; DATA=${DATA:-$ROOT/../shared/data/scifact}
 PY=$VENV/bin/python; G=$ROOT/.gpu
-rm -rf "$G"; mkdir -p $G/whl $G/src $G/models/be $G/models/ce $G/models/cmc-fusion $G/data
+rm -rf "$G"; mkdir -p $G/whl $G/src $G/models/be $G/models/ce $G/models/cmc $G/models/cmc-fusion $G/data
 EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE")"
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"  # never committed
 cp benchmarks/gpu_run.sh $G/
@@ -24,8 +24,10 @@ BE=$($PY -c "from sieve.models.weights import default_model_path; print(default_
 (cd $CK/cross-encoder && cp config.json head.safetensors sieve_head.json special_tokens_map.json tokenizer.json \
    tokenizer_config.json vocab.txt $G/models/ce/)
 cp $CK/cmc-fusion/config.json $CK/cmc-fusion/cmc.safetensors $G/models/cmc-fusion/
+cp $CK/cmc/config.json $G/models/cmc/
 $PY benchmarks/gpu_models.py stats $BE/model.safetensors $G/models/be/stats.json
 $PY benchmarks/gpu_models.py stats $CK/cross-encoder/model.safetensors $G/models/ce/stats.json
+$PY benchmarks/gpu_models.py stats $CK/cmc/cmc.safetensors $G/models/cmc/stats.json
 cp $DATA/corpus.jsonl $DATA/queries.jsonl $G/data/
 if [ "${SKIP_WHEELS:-0}" != 1 ]; then
   # what a CUDA image with torch lacks, at the versions this venv runs (the image has torch, numpy, jinja2, ...)

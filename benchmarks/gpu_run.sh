@@ -21,6 +21,7 @@ $PY -c "import sieve.service.app, bm25s, uvicorn, httpx, torch; print('torch', t
 M=$W/models; cp -r $G/models $M
 $PY $W/src/benchmarks/gpu_models.py rebuild $M/be/stats.json $M/be/model.safetensors 1 || exit 14
 $PY $W/src/benchmarks/gpu_models.py rebuild $M/ce/stats.json $M/ce/model.safetensors 2 || exit 14
-(cd $W/src && $PY benchmarks/gpu_models.py pin-base $M/be $M/cmc-fusion) || exit 15
+$PY $W/src/benchmarks/gpu_models.py rebuild $M/cmc/stats.json $M/cmc/cmc.safetensors 3 || exit 14
+(cd $W/src && $PY benchmarks/gpu_models.py pin-base $M/be $M/cmc-fusion $M/cmc) || exit 15
 cd $W/src && $PY benchmarks/gpu.py --models $M --corpus $G/data/corpus.jsonl --queries $G/data/queries.jsonl \
   --work $W/run --out $OUT/gpu.json ${ARGS:-}
