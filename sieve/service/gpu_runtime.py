@@ -5,6 +5,7 @@ streams and graphs are CUDA-only and never touch a CPU server."""
 from __future__ import annotations
 
 import logging
+from dataclasses import astuple
 
 from sieve.models.device import DeviceRuntime, graphed
 from sieve.service.config import Settings
@@ -19,7 +20,9 @@ def device_runtime(settings: Settings, device) -> DeviceRuntime:
         log.warning("SIEVE_CUDA_GRAPHS needs SIEVE_BATCHING=true; running without CUDA graphs")
         graphs = False
     buckets = settings.shape_buckets == "on" or (settings.shape_buckets == "auto" and cuda) or graphs
-    return DeviceRuntime(buckets=buckets, streams=cuda and settings.cuda_streams, graphs=graphs)
+    runtime = DeviceRuntime(buckets=buckets, streams=cuda and settings.cuda_streams, graphs=graphs)
+    log.info("forwards on %s: shape buckets %s, CUDA streams %s, CUDA graphs %s", device, *astuple(runtime))
+    return runtime
 
 
 def apply_runtime(runtime: DeviceRuntime, device, biencoder, cmc=None) -> None:
