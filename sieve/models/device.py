@@ -36,7 +36,9 @@ _streams = threading.local()  # one CUDA stream per thread and device: each batc
 @contextmanager
 def own_stream(device: torch.device, enabled: bool) -> Iterator[None]:
     """On CUDA (when enabled), run the block on this thread's own stream and wait for it at the end, so the
-    tensors it returns are ready for any other thread; anywhere else a no-op."""
+    tensors it returns are ready for any other thread; anywhere else a no-op. The readers of those tensors (the
+    first stage, CMC's padding) copy them to the host with blocking copies, so no kernel of another stream is still
+    reading one when its memory goes back to this stream's pool."""
     if not enabled or device.type != "cuda":
         yield
         return
