@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
     build.add_argument("--cmc-checkpoint", type=Path, help="also store the candidate vectors of a separate-mode CMC")
     build.add_argument("--mix-checkpoint", type=Path, help="also store a MixEncoder's context embeddings (store 'mix')")
+    build.add_argument("--ce-tokens", action="store_true", help="also store each document's cross-encoder token ids (the configured one, SIEVE_CROSS_ENCODER_PATH, else the shipped one; store 'ce_tokens', float32 local indexes): a /search with the cross-encoder then tokenizes only its query")
     build.add_argument("--no-lexical", action="store_true", help="no BM25 part (retrievers bm25 and hybrid then answer 400)")
     build.add_argument("--lexical-language", help="BM25 analyzer language (SIEVE_LEXICAL_LANGUAGE, default english; 'none')")
     build.set_defaults(func=cmd_build)
@@ -44,11 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--corpus", required=True, type=Path)
     add.add_argument("--cmc-checkpoint", type=Path, help="needed when the index holds a CMC store")
     add.add_argument("--mix-checkpoint", type=Path, help="needed when the index holds a MixEncoder store")
+    add.add_argument("--ce-tokens", action="store_true", help="needed when the index holds the cross-encoder's token ids")
     add.set_defaults(func=cmd_add)
     add_store = index.add_parser("add-store", help="add (or replace) a CMC or MixEncoder store covering every document")
     add_store.add_argument("--index", required=True, type=Path)
     add_store.add_argument("--cmc-checkpoint", type=Path, help="a separate-mode CMC: its candidate vectors")
     add_store.add_argument("--mix-checkpoint", type=Path, help="a MixEncoder: its context embeddings")
+    add_store.add_argument("--ce-tokens", action="store_true", help="also store each document's cross-encoder token ids (the configured one, SIEVE_CROSS_ENCODER_PATH, else the shipped one; store 'ce_tokens', float32 local indexes): a /search with the cross-encoder then tokenizes only its query")
     add_store.set_defaults(func=cmd_add_store)
     anncur_cli.register(index)
     delete = index.add_parser("delete", help="delete documents by id")
@@ -137,7 +140,8 @@ def qdrant_encoded(index, docs, found: dict) -> dict:
     return {s: checked_embeddings(found[s], [d.full_text for d in docs], progress=True) for s in stores}
 
 
-def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None) -> dict:
+def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None,
+             ce_tokens: bool = False) -> dict:
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
     from sieve.service.components import load_biencoder
@@ -154,7 +158,26 @@ def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Pa
 
         found[STORE] = MixRuntime.from_pretrained(mix_checkpoint, device=biencoder.device, batch_size=settings.encode_batch_size,
                                                   lengths=MixLengths(settings.query_max_length, settings.doc_max_length))
+    if ce_tokens:
+        found.update(ce_token_store(settings))
     return found
+
+
+def ce_token_store(settings: Settings) -> dict:
+    """{"ce_tokens": the store encoder} of the configured cross-encoder (models/ce_tokens.py)."""
+    from sieve.models import ce_tokens
+    from sieve.models.cross_encoder import CrossEncoder
+
+    if settings.on_qdrant:
+        raise SystemExit("--ce-tokens: only a local index keeps the cross-encoder's token ids")
+    path = settings.resolved_cross_encoder_path()
+    if path is None:
+        raise SystemExit("--ce-tokens: no cross-encoder is configured (SIEVE_CROSS_ENCODER_PATH)")
+    ce = CrossEncoder.from_pretrained(path, lengths=settings.ce_lengths(path))
+    if not ce_tokens.supports(ce):
+        raise SystemExit(f"--ce-tokens: {path} tokenizes (query, document) text pairs itself; it has no per-document "
+                         "token ids to store")
+    return {ce_tokens.STORE: ce_tokens.CETokenStore(ce)}
 
 
 def cmd_build_qdrant(args, settings: Settings, found: dict) -> None:
@@ -172,7 +195,9 @@ def cmd_build_qdrant(args, settings: Settings, found: dict) -> None:
 def cmd_build(args, settings: Settings) -> None:
     from sieve.index import build_index, read_beir_corpus
 
-    found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint)
+    if args.ce_tokens and args.dtype != "float32":
+        raise SystemExit("--ce-tokens needs --dtype float32 (float16 cannot hold every token id)")
+    found = encoders(settings, args.cmc_checkpoint, args.mix_checkpoint, args.ce_tokens)
     if settings.on_qdrant:
         return cmd_build_qdrant(args, settings, found)
     args.out = needs_dir(args.out, "--out")
@@ -204,7 +229,7 @@ def cmd_add(args, settings: Settings) -> None:
         return print(json.dumps({"collection": index.name, "count": index.size, "version": index.version}))
     needs_dir(args.index, "--index")
     manifest = add_documents(args.index, read_beir_corpus(args.corpus),
-                             encoders(settings, args.cmc_checkpoint, args.mix_checkpoint))
+                             encoders(settings, args.cmc_checkpoint, args.mix_checkpoint, args.ce_tokens))
     manifest = merge_due(args.index, settings) or manifest
     print(json.dumps({"index": str(args.index), "count": manifest.count, "version": manifest.version}))
 
@@ -212,9 +237,10 @@ def cmd_add(args, settings: Settings) -> None:
 def cmd_add_store(args, settings: Settings) -> None:
     from sieve.index import add_store
 
-    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint).items() if k != "primary"}
+    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint, args.ce_tokens).items()
+              if k != "primary"}
     if not stores:
-        raise SystemExit("sieve index add-store: give --cmc-checkpoint and/or --mix-checkpoint")
+        raise SystemExit("sieve index add-store: give --cmc-checkpoint, --mix-checkpoint and/or --ce-tokens")
     for name, encoder in stores.items():
         manifest = add_store(args.index, name, encoder, cache_dir=settings.cache_dir)
     print(json.dumps({"index": str(args.index), "stores": sorted(manifest.stores), "version": manifest.version}))

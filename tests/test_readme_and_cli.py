@@ -93,3 +93,22 @@ def test_serve_refuses_an_index_built_with_another_model(tmp_path, cache_dir):
 def test_serve_without_an_index_says_how_to_build_one(tmp_path):
     out = sieve("serve", "--index", str(tmp_path / "nothing"), "--port", "1")
     assert out.returncode != 0 and "sieve index build" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_keeps_the_cross_encoders_token_ids(tmp_path, cache_dir):
+    """`--ce-tokens`: built with the index, needed by `add` once the index holds them, refused on float16."""
+    env = {"SIEVE_CACHE_DIR": str(cache_dir)}
+    out = sieve("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "idx"), "--ce-tokens", env=env)
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads(next((tmp_path / "idx" / "versions").glob("v*/manifest.json")).read_text())
+    assert manifest["stores"]["ce_tokens"]["model_name"] == "ce-tokens:cross-encoder"
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"_id": "new-1", "title": "Tea", "text": "Green tea is steamed."}) + "\n")
+    without = sieve("index", "add", "--index", str(tmp_path / "idx"), "--corpus", str(extra), env=env)
+    assert without.returncode != 0 and "ce_tokens" in without.stderr and "Traceback" not in without.stderr
+    added = sieve("index", "add", "--index", str(tmp_path / "idx"), "--corpus", str(extra), "--ce-tokens", env=env)
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout.splitlines()[-1])["count"] == 61
+    half = sieve("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "half"), "--dtype", "float16",
+                 "--ce-tokens", env=env)
+    assert half.returncode != 0 and "float32" in half.stderr and "Traceback" not in half.stderr

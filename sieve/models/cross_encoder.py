@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer
 
+from sieve.models import ce_tokens
 from sieve.models.ce_base import PairLengths, PairScorer  # noqa: F401 (PairScorer: imported from here too)
 from sieve.models.ce_heads import head_hash, load_head
 from sieve.models.clip import clip_all
@@ -46,12 +47,17 @@ class CrossEncoder:
         tok, max_length = self.tokenizer, self.lengths.max_length
         queries, documents = clip_all(queries, self.lengths.query_max_length), clip_all(documents, max_length)
         if hasattr(self.scorer, "pair_inputs"):  # a head with its own pair layout (gated)
-            q_ids = tok(queries, add_special_tokens=False, truncation=True, max_length=self.lengths.query_max_length)["input_ids"]
-            d_ids = tok(documents, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
-            batch = self.scorer.pair_inputs(tok, q_ids, d_ids, max_length)
-        else:  # the tokenizer's own pair layout ([CLS] q [SEP] d [SEP] for BERT), the document cut to fit
-            batch = tok(self.cut_queries(queries), documents, truncation="only_second", max_length=max_length,
-                        padding=True, return_tensors="pt")
+            return self.pairs_from_ids(ce_tokens.query_ids(tok, queries, self.lengths.query_max_length),
+                                       ce_tokens.document_ids(tok, documents, max_length))
+        # the tokenizer's own pair layout ([CLS] q [SEP] d [SEP] for BERT), the document cut to fit
+        batch = tok(self.cut_queries(queries), documents, truncation="only_second", max_length=max_length,
+                    padding=True, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def pairs_from_ids(self, query_ids: Sequence[list[int]], document_ids: Sequence[list[int]]) -> dict[str, torch.Tensor]:
+        """A pair_inputs head's batch from token ids (the query's, the document's: models/ce_tokens.py), one pair per
+        (query_ids[i], document_ids[i]): what tokenize_pairs gives for the texts those ids came from."""
+        batch = self.scorer.pair_inputs(self.tokenizer, list(query_ids), list(document_ids), self.lengths.max_length)
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     def cut_queries(self, queries: list[str]) -> list[str]:

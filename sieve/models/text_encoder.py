@@ -42,6 +42,7 @@ class TextEncoder:
         self.lengths = lengths
         self.device = device
         self.batch_size = batch_size
+        self.counter = token_counter(tokenizer)
         self.runtime = DeviceRuntime()  # how query forwards run (buckets, own CUDA stream, graphs): set at start-up
 
     @classmethod
@@ -68,8 +69,13 @@ class TextEncoder:
         return self.lengths.doc_max_length
 
     def count_tokens(self, text: str, at_most: int = 4096) -> int:
-        """Tokens of `text`, counted over its first `at_most` tokens' worth of characters (models/clip.py)."""
-        return len(self.tokenizer(clip_chars(text, at_most), add_special_tokens=True, truncation=False)["input_ids"])
+        """Tokens of `text`, counted over its first `at_most` tokens' worth of characters (models/clip.py). Every
+        request counts its query before the batcher tokenizes it: the count runs on a private copy of the fast
+        tokenizer's backend (no lock shared with the batch workers, no transformers wrapper per call)."""
+        text = clip_chars(text, at_most)
+        if self.counter is not None:
+            return len(self.counter.encode(text, add_special_tokens=True).ids)
+        return len(self.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"])
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
         batch = self.tokenizer(clip_all(texts, max_length), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -102,3 +108,18 @@ class TextEncoder:
                 vectors = self.module(**self.tokenize([texts[i] for i in idx], max_length))
                 out[idx] = vectors.float().cpu().numpy()
         return out
+
+
+def token_counter(tokenizer):
+    """A copy of a fast tokenizer's backend with no truncation or padding, used only to count tokens: nothing ever
+    changes its settings, so threads may call it at once (the shared tokenizer's truncation and padding are set on
+    every call, which is why that one needs a lock). None for a tokenizer without a Rust backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    counter = Tokenizer.from_str(backend.to_str())
+    counter.no_truncation()
+    counter.no_padding()
+    return counter

@@ -42,14 +42,16 @@ def chunks_in_order(lengths: Sequence[int], order: Sequence[int], budget: int) -
 
 
 def pad_lists(lists: Sequence[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """B arrays (K_b, ...) -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows."""
+    """B arrays (K_b, ...) -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows. Filled in numpy:
+    torch.zeros of a large tensor fills it on every intra-op thread, and on a busy CPU that parallel region cost
+    ~1.4 ms of CPU per (1, 512, 384) list against ~0.02 ms here (same values)."""
     longest = max(len(c) for c in lists)
-    padded = torch.zeros(len(lists), longest, *np.shape(lists[0])[1:], dtype=torch.float32)  # (B, K, ...)
-    mask = torch.zeros(len(lists), longest, dtype=torch.bool)  # (B, K)
+    padded = np.zeros((len(lists), longest, *np.shape(lists[0])[1:]), dtype=np.float32)  # (B, K, ...)
+    mask = np.zeros((len(lists), longest), dtype=bool)  # (B, K)
     for b, c in enumerate(lists):
-        padded[b, :len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
+        padded[b, :len(c)] = c
         mask[b, :len(c)] = True
-    return padded.to(device), mask.to(device)
+    return torch.from_numpy(padded).to(device), torch.from_numpy(mask).to(device)
 
 
 def pad_candidates(queries: Sequence[torch.Tensor], lists: Sequence[np.ndarray],

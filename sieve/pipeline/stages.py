@@ -21,6 +21,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from sieve.models import ce_tokens
 from sieve.models.buckets import bucket_cmc
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.device import own_stream, run_graphed
@@ -142,7 +143,8 @@ class CMCRerank:
 class CrossEncoderRerank:
     """Jointly encodes (query, document) for the first `k` candidates; the rest keep their order below them.
     Batched across requests: all pairs are length-sorted and packed into forward passes of at most
-    `batch_tokens` (pairs x longest pair) tokens."""
+    `batch_tokens` (pairs x longest pair) tokens. On an index holding this cross-encoder's document token ids
+    (models/ce_tokens.py) the documents are read as ids, and only the queries are tokenized."""
 
     name = "ce"
     skippable = True
@@ -153,6 +155,13 @@ class CrossEncoderRerank:
         self.k = k
         self.batch_tokens = batch_tokens
         self.batch_key = f"ce:{id(cross_encoder)}"
+        self.stored = index is not None and ce_tokens.stored_for(cross_encoder, index)
+
+    def documents(self, candidates: Candidates, n: int) -> list[str] | np.ndarray:
+        """The first n candidates' texts, or their stored token ids ((n, width) rows) when the index has them."""
+        if self.stored and candidates.texts is None and (candidates.rows[:n] >= 0).all():
+            return self.index.embeddings(candidates.rows[:n], store=ce_tokens.STORE)  # (n, width)
+        return self.texts(candidates, n)
 
     def texts(self, candidates: Candidates, n: int) -> list[str]:
         if candidates.texts is not None:
@@ -162,7 +171,7 @@ class CrossEncoderRerank:
     def prepare(self, state: QueryState) -> tuple:
         n = min(self.k, len(state.candidates))
         state.counts[self.name] = n
-        return state.query, self.texts(state.candidates, n), state.deadline
+        return state.query, self.documents(state.candidates, n), state.deadline
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
         return in_order(self.compute_each(items), len(items))
@@ -170,21 +179,19 @@ class CrossEncoderRerank:
     # reply-as-done (pipeline/batching.py): requests in order of their tokens (shortest first), each request's
     # pairs longest first, packed under batch_tokens; a request is yielded as soon as its last pair is scored
     def compute_each(self, items: Sequence[tuple]) -> Iterator[tuple[int, np.ndarray | None]]:
-        yield from ((i, np.empty(0, dtype=np.float32)) for i, (_, texts, _) in enumerate(items) if not texts)
-        owner = [i for i, (_, texts, _) in enumerate(items) for _ in texts]  # item of each pair
+        yield from ((i, np.empty(0, dtype=np.float32)) for i, (_, docs, _) in enumerate(items) if len(docs) == 0)
+        owner = [i for i, (_, docs, _) in enumerate(items) for _ in range(len(docs))]  # item of each pair
         if not owner:
             return
-        queries = [q for q, texts, _ in items for _ in texts]
-        docs = [t for _, texts, _ in items for t in texts]
         ce = self.cross_encoder
         assert ce.tokenizer.padding_side == "right", "trim_to_longest cuts padding columns on the right"
-        batch = ce.tokenize_pairs(queries, docs)
+        batch = self.pair_batch(items)
         lengths = batch["attention_mask"].sum(dim=1).tolist()
         tokens = np.bincount(owner, weights=lengths, minlength=len(items))  # per item
-        order = sorted(range(len(docs)), key=lambda p: (tokens[owner[p]], owner[p], -lengths[p]))
-        starts = np.cumsum([0] + [len(texts) for _, texts, _ in items])
-        left = [len(texts) for _, texts, _ in items]
-        scores = np.full(len(docs), np.nan, dtype=np.float32)
+        order = sorted(range(len(owner)), key=lambda p: (tokens[owner[p]], owner[p], -lengths[p]))
+        starts = np.cumsum([0] + [len(docs) for _, docs, _ in items])
+        left = [len(docs) for _, docs, _ in items]
+        scores = np.full(len(owner), np.nan, dtype=np.float32)
         for chunk in chunks_in_order(lengths, order, self.batch_tokens):
             live = [p for p in chunk if not expired(items[owner[p]][2])]
             if live:
@@ -196,6 +203,21 @@ class CrossEncoderRerank:
                 if left[i] == 0:
                     part = scores[starts[i]:starts[i + 1]]
                     yield i, (None if np.isnan(part).any() else part)
+
+    def pair_batch(self, items: Sequence[tuple]) -> dict[str, torch.Tensor]:
+        """Every pair of the items, padded, in item order: laid out from the documents' stored ids where an item
+        carries them (then each distinct query is tokenized once and texts become ids first), else tokenized from the
+        texts as before. Either way the same tensors (tests/pipeline/test_ce_token_store.py)."""
+        ce = self.cross_encoder
+        if not any(isinstance(docs, np.ndarray) for _, docs, _ in items):
+            return ce.tokenize_pairs([q for q, docs, _ in items for _ in docs], [t for _, docs, _ in items for t in docs])
+        texts = [t for _, docs, _ in items if not isinstance(docs, np.ndarray) for t in docs]
+        from_texts = iter(ce_tokens.document_ids(ce.tokenizer, texts, ce.lengths.max_length) if texts else [])
+        doc_ids = [ids for _, docs, _ in items
+                   for ids in (ce_tokens.unpack(docs) if isinstance(docs, np.ndarray) else [next(from_texts) for _ in docs])]
+        unique = list(dict.fromkeys(q for q, _, _ in items))
+        ids_of = dict(zip(unique, ce_tokens.query_ids(ce.tokenizer, unique, ce.lengths.query_max_length)))
+        return ce.pairs_from_ids([ids_of[q] for q, docs, _ in items for _ in range(len(docs))], doc_ids)
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         state.candidates = state.candidates.rerank_head(self.name, scores)  # "ce", or a subclass's own name

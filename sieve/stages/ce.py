@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sieve.models import ce_tokens
 from sieve.models.clip import clip_chars
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.pipeline.candidates import Candidates
@@ -72,6 +73,12 @@ def texts_reranker(stage_class=None):
     return rerank
 
 
+def index_store(model) -> tuple[str, ce_tokens.CETokenStore] | None:
+    """The documents' token ids a local cross-encoder reads from the index (models/ce_tokens.py): new documents get
+    their rows on every write to an index that holds the store."""
+    return (ce_tokens.STORE, ce_tokens.CETokenStore(model)) if ce_tokens.supports(model) else None
+
+
 def identity(model) -> list | None:
     return model.identity() if isinstance(model, RemoteCrossEncoder) else model_identity(model)
 
@@ -83,4 +90,5 @@ SPEC = register(StageSpec(
            "ce_batch_tokens", "ce_url", "ce_shape", "ce_model_name", "ce_api_key", "ce_timeout_ms", "ce_retries",
            "ce_retry_backoff_ms", "ce_breaker_failures", "ce_breaker_open_s"),
     unavailable="false (the server operator sets SIEVE_CROSS_ENCODER_PATH to a local checkpoint directory)",
+    extra={"index_store": index_store},
 ))
