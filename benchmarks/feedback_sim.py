@@ -6,7 +6,8 @@ learner estimates position bias). Simulated users issue sessions: a query drawn 
 clicked with p+ when the qrels judge it relevant and p- when not; the clicks go through POST /feedback. At each
 checkpoint the server learns (`sieve feedback learn` on its logs: the guard decides whether the model is
 published; a published one is swapped in live by POST /admin/index/reload) and nDCG@10 is measured on the
-evaluation queries through the same code `sieve eval --server` uses (HttpBackend, run_pipeline, hybrid+cmc).
+evaluation queries through the same code `sieve eval --server` uses (HttpBackend, collect, hybrid+cmc), against a
+second server on the same index with feedback off (so no randomised swap touches the measured rankings).
 
 Scenarios (--scenario):
   train-test   sessions over train queries; evaluated on the TEST split (queries the clicks never came from)
@@ -37,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
+
+import sieve.stages  # noqa: E402,F401 (registers the core stages: hybrid, cmc)
 
 from sieve.evaluation.backends import HttpBackend  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
@@ -242,8 +245,10 @@ def main() -> None:
            "eval_queries": len(eval_data.queries), "steps": args.steps, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap)
+    # nDCG is measured on a second server over the same index with feedback off: no randomised swap in its answers
+    judge = Served(index, work / "judge.log", 0.0, {"SIEVE_FEEDBACK_ENABLED": "false"})
     try:
-        base = evaluate(server.url, eval_data)
+        base = evaluate(judge.url, eval_data)
         doc["default"] = {"ndcg@10": base["ndcg@10"], "cmc": base["cmc"]}
         print(f"default nDCG@10 {base['ndcg@10']}", flush=True)
         users = Users(train_data, args.eta, args.p_plus, args.p_minus, args.seed)
@@ -253,7 +258,8 @@ def main() -> None:
             done, clicks = point, clicks + n
             learned = learn(index, args.steps)
             reloaded = reload(server.url)
-            after = evaluate(server.url, eval_data)
+            reload(judge.url)
+            after = evaluate(judge.url, eval_data)
             entry = {"sessions": done, "clicks": clicks, "sessions_s": round(s, 1), "learn": learned,
                      "swapped": reloaded.get("cmc_changed"), "ndcg@10": after["ndcg@10"], "cmc": after["cmc"],
                      "vs_default": paired(after, base), "load": os.getloadavg()}
@@ -262,12 +268,13 @@ def main() -> None:
                   flush=True)
         if args.ceiling:
             doc["ceiling"] = ceiling(index, train_data, args.steps, 100)
-            reload(server.url)
-            top = evaluate(server.url, eval_data)
+            reload(judge.url)
+            top = evaluate(judge.url, eval_data)
             doc["ceiling"].update({"ndcg@10": top["ndcg@10"], "vs_default": paired(top, base)})
             print("ceiling", json.dumps(doc["ceiling"]), flush=True)
     finally:
         server.stop()
+        judge.stop()
     doc["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
