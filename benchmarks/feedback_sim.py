@@ -267,7 +267,7 @@ def main() -> None:
             print(json.dumps({k: v for k, v in entry.items() if k != "learn"}), json.dumps(learned.get("guard")),
                   flush=True)
         if args.ceiling:
-            doc["ceiling"] = ceiling(index, train_data, args.steps, 100)
+            doc["ceiling"] = ceiling(index, train_data, args.steps, 50)
             reload(judge.url)
             top = evaluate(judge.url, eval_data)
             doc["ceiling"].update({"ndcg@10": top["ndcg@10"], "vs_default": paired(top, base)})

@@ -34,6 +34,8 @@ def register(sub) -> None:
     learn = commands.add_parser("learn", help="train CMC from logged clicks; publish it when the guard passes")
     learn.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
     learn.add_argument("--feedback-dir", type=Path, help="the logs (SIEVE_FEEDBACK_DIR, else INDEX/feedback)")
+    learn.add_argument("--depth", type=int, default=d.depth,
+                       help="candidates per list the learner ranks among (at most SIEVE_FEEDBACK_LOG_CANDIDATES)")
     learn.add_argument("--steps", type=int, default=d.steps)
     learn.add_argument("--batch", type=int, default=d.batch)
     learn.add_argument("--lr", type=float, default=d.lr)
@@ -86,7 +88,7 @@ def learn(args, settings) -> int:
     from sieve.training.adapt_cli import workspace
     from sieve.training.feedback_config import LearnConfig
 
-    cfg = LearnConfig(depth=settings.feedback_log_candidates, n_layers=args.layers, steps=args.steps,
+    cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout,
                       min_heldout=args.min_heldout, seed=args.seed)
     biencoder, index, store, served = opened(settings)

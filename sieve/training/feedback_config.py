@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass
 class LearnConfig:
-    depth: int = 100  # candidates per list (the logged first-stage top)
+    depth: int = 50  # candidates per list (the top of the logged first-stage list): a step's cost grows with it
     n_layers: int = 1  # attention layers when the served CMC has none (the shipped fusion CMC)
     steps: int = 300
     batch: int = 32
