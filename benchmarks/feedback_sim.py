@@ -22,6 +22,7 @@ ceiling, not a deployment) and evaluated the same way, in the same run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -227,8 +228,8 @@ def main() -> None:
     train_data = load_split(args.data, "train")
     if args.scenario == "head":
         heads = sorted(np.random.default_rng(args.seed).choice(sorted(train_data.queries), args.head, replace=False))
-        train_data.queries = {q: train_data.queries[q] for q in heads}
-        train_data.qrels = {q: train_data.qrels[q] for q in heads}
+        train_data = dataclasses.replace(train_data, queries={q: train_data.queries[q] for q in heads},
+                                         qrels={q: train_data.qrels[q] for q in heads})
         eval_data = train_data
     else:
         eval_data = load_split(args.data, "test", max_queries=args.max_eval, seed=args.seed)
