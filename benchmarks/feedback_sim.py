@@ -143,10 +143,10 @@ def run_sessions(url: str, users: Users, n: int, seed: int, threads: int = 3) ->
     return clicks, time.monotonic() - began
 
 
-def learn(index: Path, steps: int) -> dict:
+def learn(index: Path, steps: int, split: str) -> dict:
     began = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "sieve.cli", "feedback", "learn", "--index", str(index),
-                           "--steps", str(steps)], cwd=REPO, capture_output=True, text=True)
+                           "--steps", str(steps), "--split", split], cwd=REPO, capture_output=True, text=True)
     out = proc.stdout[proc.stdout.find("{"):]
     report = json.loads(out) if out.strip() else {}
     report = {k: report.get(k) for k in ("installed", "not_installed", "guard", "split", "propensity", "best_step",
@@ -219,6 +219,7 @@ def main() -> None:
     ap.add_argument("--p-minus", type=float, default=0.05)
     ap.add_argument("--swap", type=float, default=0.05, help="SIEVE_FEEDBACK_SWAP_FRACTION")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
     ap.add_argument("--ceiling", action="store_true")
     ap.add_argument("--max-eval", type=int, default=None, help="evaluate on at most this many queries")
     ap.add_argument("--seed", type=int, default=0)
@@ -243,7 +244,7 @@ def main() -> None:
            "click_model": {"eta": args.eta, "p_plus": args.p_plus, "p_minus": args.p_minus, "top_k": 10},
            "swap_fraction": args.swap, "train_queries": len(train_data.queries), "eval_split":
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
-           "eval_queries": len(eval_data.queries), "steps": args.steps, "command": " ".join(sys.argv),
+           "eval_queries": len(eval_data.queries), "steps": args.steps, "split": args.split, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap)
     # nDCG is measured on a second server over the same index with feedback off: no randomised swap in its answers
@@ -257,7 +258,7 @@ def main() -> None:
         for point in checkpoints:
             n, s = run_sessions(server.url, users, point - done, args.seed + point)
             done, clicks = point, clicks + n
-            learned = learn(index, args.steps)
+            learned = learn(index, args.steps, args.split)
             reloaded = reload(server.url)
             reload(judge.url)
             after = evaluate(judge.url, eval_data)

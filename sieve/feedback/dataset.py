@@ -108,13 +108,13 @@ class Logs:
             yield len(shown), imp.get("swap"), ranks
 
     def entries(self, props: Propensities, clip: float = CLIP) -> tuple[list[Entry], dict]:
-        """One entry per clicked or labelled answer that has (or joins) a full impression."""
+        """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first."""
         latest = {}
         for imp in sorted(self.impressions.values(), key=lambda r: r["t"]):
             if "candidates" in imp and "vector" in imp:
                 latest[imp["query_key"]] = imp
         entries, unjoined = [], 0
-        for rid, events in self.clicks().items():
+        for rid, events in sorted(self.clicks().items(), key=lambda item: self.impressions[item[0]]["t"]):
             imp = self.impressions[rid]
             full = imp if "candidates" in imp and "vector" in imp else latest.get(imp["query_key"])
             if full is None:

@@ -44,6 +44,8 @@ def register(sub) -> None:
     learn.add_argument("--eta", type=float, default=1.0, help="the default propensity (1/rank)^eta, without swaps in the logs")
     learn.add_argument("--clip", type=float, default=20.0, help="largest inverse-propensity weight")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
+    learn.add_argument("--split", choices=["query", "time"], default=d.split,
+                       help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
     learn.add_argument("--min-heldout", type=int, default=d.min_heldout, help="held-out answers with clicks the guard needs")
     learn.add_argument("--seed", type=int, default=d.seed)
     learn.add_argument("--dry-run", action="store_true", help="train and judge, never publish")
@@ -89,7 +91,7 @@ def learn(args, settings) -> int:
     from sieve.training.feedback_config import LearnConfig
 
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
-                      batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout,
+                      batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed)
     biencoder, index, store, served = opened(settings)
     try:
@@ -115,8 +117,8 @@ def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict) 
     if served.config.mode == "separate":
         raise SystemExit("the served CMC reads a candidate store of its own (separate mode); feedback learning "
                          "supports the shared-mode CMCs (the shipped ones, `sieve adapt`'s)")
-    rest, held = split(lists, cfg.heldout, cfg.seed)
-    fit, validation = split(rest, cfg.validation, cfg.seed + 1)
+    rest, held = split(lists, cfg.heldout, cfg.seed, cfg.split)
+    fit, validation = split(rest, cfg.validation, cfg.seed + 1, cfg.split)
     summary = {"command": getattr(args, "command_line", None), "index_version": index.version,
                "served": {"name": served.name, "path": str(served.path) if served.path else None}, **about,
                "split": {"train": len(fit), "validation": len(validation), "heldout": len(held)},

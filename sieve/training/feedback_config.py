@@ -15,6 +15,7 @@ class LearnConfig:
     evidence_lr: float = 1e-3
     teacher: float = 0.5
     heldout: float = 0.2  # share of queries (by hash) kept for the guard
+    split: str = "query"  # query: held-out queries never trained on; time: the latest answers (queries repeat)
     validation: float = 0.1  # share of the remaining queries that selects the step kept
     min_heldout: int = 50  # held-out answers with clicks the guard needs
     bootstrap: int = 1000

@@ -38,8 +38,13 @@ class Vectors:
         return self.table[torch.from_numpy(at)]  # (B, K, d); padding reads some row, masked out
 
 
-def split(lists: ClickLists, share: float, seed: int) -> tuple[ClickLists, ClickLists]:
-    """(kept, held out): whole queries (by hash) go to one side."""
+def split(lists: ClickLists, share: float, seed: int, by: str = "query") -> tuple[ClickLists, ClickLists]:
+    """(kept, held out). by query: whole queries (by hash) go to one side (does the model help queries it never
+    saw?); by time: the latest answers are held out (does it help what comes next, the same queries included, as a
+    query log repeats)."""
+    if by == "time":
+        cut = len(lists) - int(round(share * len(lists)))
+        return lists.select(np.arange(cut)), lists.select(np.arange(cut, len(lists)))
     keys = sorted(set(lists.keys))
     rng = np.random.default_rng(seed)
     held = set(rng.permutation(keys)[:int(round(share * len(keys)))].tolist())
