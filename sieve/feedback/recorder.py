@@ -6,6 +6,7 @@ up in the log on disk. `durable(request_id)` waits until that request's impressi
 acknowledged only when the impression it refers to is stored too."""
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -53,8 +54,6 @@ class DiskImpressions:
 
 
 def read_segment_bytes(data: bytes):
-    import json
-
     for line in data.splitlines():
         try:
             yield json.loads(line)
