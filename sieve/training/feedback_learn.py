@@ -4,7 +4,7 @@ Loss (unbiased learning to rank, Joachims et al., WSDM 2017): each clicked candi
 its answer's logged candidate list, weighted by 1 / p(rank it was shown at) (sieve/feedback/propensity.py), plus
 `teacher` x KL(served || model) over the whole list, which holds the model near the served one where clicks say
 nothing. Selection (the step kept) is on a validation share of the training queries; the guard on queries held out
-of both (split by the query's hash, so no query is on both sides).
+of both (split by the query's hash, so no query is on both sides; or, with split "time", on the latest answers).
 
 The guard (`verdict`): on the held-out answers, the counterfactual (IPS) estimate of DCG over clicked documents,
 sum over clicks of (1 / p(shown rank)) / log2(1 + new rank), of the new model minus that of the served model, with a
