@@ -50,14 +50,12 @@ def _live_maps(m: Manifest, segments: list[Segment], tombstones: np.ndarray):
     return offsets, alive, seg_alive, live_to_phys, phys_to_live
 
 
-def _open_parts(vdir: Path, check: Callable[[Manifest], None], use_gpu: bool,
-                nprobe: int, ef_search: int) -> _Parts:
+def _open_parts(vdir: Path, check: Callable[[Manifest], None], knobs: SearchKnobs) -> _Parts:
     m = read_manifest(vdir)
     check(m)  # before anything heavy is loaded
     if not m.segments:
         raise IndexFormatError(f"{vdir}/manifest.json lists no segments; rebuild with `sieve index build`")
     tombstones = read_tombstones(vdir)
-    knobs = SearchKnobs(use_gpu, nprobe, ef_search)
     segments: list[Segment] = []
     try:
         for spec in m.segments:
@@ -97,9 +95,10 @@ class SearchIndex:
     @classmethod
     def load(cls, index_dir: str | Path, *, model_name: str | None = None,
              model_hash: str | None = None, dim: int | None = None, use_gpu: bool = False,
-             nprobe: int = 16, ef_search: int = 128) -> "SearchIndex":
+             nprobe: int = 16, ef_search: int = 128, flat_device: str | None = None) -> "SearchIndex":
         """Open the live version; checks the model identity for each field given. Segments this process already
-        has open (an earlier version lists them too) are shared, not opened again."""
+        has open (an earlier version lists them too) are shared, not opened again. `flat_device`: a torch device
+        ('cuda', 'cpu') whose memory holds every flat segment's vectors for exact search there (index/device_flat.py)."""
         index_dir = Path(index_dir)
         if nprobe < 1 or ef_search < 1:
             raise ValueError(f"nprobe and ef_search must be >= 1, got {nprobe}, {ef_search}")
@@ -110,7 +109,8 @@ class SearchIndex:
         for attempt in range(_LOAD_ATTEMPTS):
             vdir = current_version_dir(index_dir)
             try:
-                return cls(index_dir, _open_parts(vdir, check, use_gpu, nprobe, ef_search))
+                knobs = SearchKnobs(use_gpu, nprobe, ef_search, flat_device)
+                return cls(index_dir, _open_parts(vdir, check, knobs))
             except Exception:
                 # A writer may have pruned this version after we read CURRENT: retry
                 # on the new one; anything else is a real error.

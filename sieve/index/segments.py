@@ -35,6 +35,7 @@ from .layout import versions_dir
 from .lexical import LexicalSegment
 from .manifest import Manifest
 from .storage import DOCS_FILE, FAISS_FILE, connect_readonly, open_embeddings, row_chunks, store_path
+from .device_flat import DeviceFlat
 from .vectors import exact_top_k, to_device
 
 TOMBSTONES_FILE = "deleted.npy"
@@ -119,6 +120,7 @@ class SearchKnobs:
     use_gpu: bool = False
     nprobe: int = 16
     ef_search: int = 128
+    flat_device: str | None = None  # exact search of flat segments on this torch device (index/device_flat.py)
 
 
 class Segment:
@@ -136,6 +138,9 @@ class Segment:
         self.faiss, self.on_gpu = None, False
         if self.ann != "flat":
             self.faiss = self._read_faiss(path / FAISS_FILE, knobs)
+        self.device_flat = None
+        if self.ann == "flat" and knobs.flat_device and not isinstance(self.embeddings, FaissRows):
+            self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu)
         self.lexical = LexicalSegment(path, self.rows) if m.lexical else None
         self.conn = connect_readonly(path / DOCS_FILE)
         try:
@@ -167,6 +172,8 @@ class Segment:
         return _keep_alive(scores, rows, alive, k)
 
     def _search_exact(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.device_flat is not None:  # the vectors resident on the serving device: one matmul + top-k there
+            return self.device_flat.search(q, k)
         if isinstance(self.embeddings, FaissRows):
             ivf = faiss.try_extract_index_ivf(self.embeddings.index)
             if ivf is not None:  # every list probed: exact

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from sieve.models.cmc import CMC, CMCConfig
+from sieve.models.device import DeviceRuntime
 from sieve.models.text_encoder import TextEncoder
 
 FORMAT = 1
@@ -30,6 +31,7 @@ class CMCBundle:
     base_model_hash: str  # the bi-encoder whose document vectors (shared) / initial weights the towers came from
     path: Path | None = None  # the checkpoint directory it was loaded from (None: built in memory)
     weights_hash: str = ""  # sha256 of the checkpoint's cmc.safetensors: two checkpoints of one name differ by it
+    runtime: DeviceRuntime = field(default_factory=DeviceRuntime)  # how its forwards run (models/device.py)
 
 
 def untrained_cmc(biencoder: TextEncoder, mode: str = "shared", seed: int = 0,

@@ -15,7 +15,9 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from sieve.models.biencoder import SentenceEncoder
+from sieve.models.buckets import bucket_tokens
 from sieve.models.clip import clip_all, clip_chars
+from sieve.models.device import DeviceRuntime, own_stream, run_graphed
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 
@@ -40,6 +42,7 @@ class TextEncoder:
         self.lengths = lengths
         self.device = device
         self.batch_size = batch_size
+        self.runtime = DeviceRuntime()  # how query forwards run (buckets, own CUDA stream, graphs): set at start-up
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, name: str | None = None, lengths: EncoderLengths = EncoderLengths(),
@@ -74,8 +77,16 @@ class TextEncoder:
 
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
         """(B, d) unit vectors on the encoder's device."""
-        with torch.inference_mode():
-            return self.query_module(**self.tokenize(texts, self.lengths.query_max_length))
+        with torch.inference_mode(), own_stream(self.device, self.runtime.streams):
+            return self.forward_queries(self.tokenize(texts, self.lengths.query_max_length))
+
+    def forward_queries(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The query module over a tokenized batch, at its bucketed shape when the runtime says so (padding rows and
+        tokens masked, cut off after): (B, d)."""
+        n = len(batch["input_ids"])
+        if self.runtime.buckets:
+            batch = bucket_tokens(batch, self.lengths.query_max_length, self.tokenizer.pad_token_id or 0)
+        return run_graphed(self.query_module, self.runtime.graphs, **batch)[:n]
 
     def encode_documents(self, texts: Sequence[str], progress: bool = True) -> np.ndarray:
         return self.encode(texts, self.lengths.doc_max_length, progress=progress)

@@ -21,7 +21,9 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
+from sieve.models.buckets import bucket_cmc
 from sieve.models.cmc_checkpoint import CMCBundle
+from sieve.models.device import own_stream, run_graphed
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.evidence import be_of, bm25_of, features
@@ -113,9 +115,17 @@ class CMCRerank:
             evidence = None
             if self.bundle.config.evidence:
                 evidence, _ = pad_lists([items[i][3] for i in live], device)
-            with torch.inference_mode():
-                scores = self.bundle.model(query, cands, mask, evidence).float().cpu().numpy()  # (B, K)
+            scores = self.forward(query, cands, mask, evidence)  # (B, K)
             yield from ((i, scores[b, :len(items[i][1])]) for b, i in enumerate(live))
+
+    def forward(self, query, cands, mask, evidence) -> np.ndarray:
+        """CMC's scores (B, K); at the bucketed shape on the model's own stream where the runtime says so."""
+        runtime, (B, K) = self.bundle.runtime, mask.shape
+        with torch.inference_mode(), own_stream(cands.device, runtime.streams):
+            if runtime.buckets:
+                query, cands, mask, evidence = bucket_cmc(query, cands, mask, evidence)
+            scores = run_graphed(self.bundle.model, runtime.graphs, query, cands, mask, evidence)
+            return scores[:B, :K].float().cpu().numpy()
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         if not getattr(self.index, "returns_vectors", True) and (state.candidates.rows >= 0).all():

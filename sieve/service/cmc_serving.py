@@ -23,6 +23,7 @@ from typing import Callable
 from sieve.index.adapted import AdaptedStore, adapted_documents
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.precision_stages import lower_cmc, lower_query_tower
+from sieve.service.gpu_runtime import apply_runtime
 from sieve.stages.cmc import load_first
 
 log = logging.getLogger("sieve")
@@ -141,6 +142,8 @@ class ServedCMC:
             return False  # e.g. the new adapted CMC does not fit and the shipped one is served already
         kept = {k: v for k, v in self.components.precision.items() if k not in ("cmc", "cmc_query")}
         self.components.precision = kept | self.lower(fresh)  # a new dict: /readyz may be reading the old one
+        biencoder = searcher.biencoder
+        apply_runtime(biencoder.runtime, biencoder.device, biencoder, fresh)  # as served at start-up (gpu_runtime.py)
         searcher.replace_model("cmc", fresh)
         self.served = (fresh, self.read_adapted(fresh))
         self.on_swap()  # after the model: no result of the old model is stored under the new fingerprint

@@ -19,6 +19,8 @@ from sieve.pipeline import registry
 from sieve.pipeline.registry import LoadContext
 from sieve.pipeline.searcher import Searcher
 from sieve.service.config import Settings
+from sieve.service.gpu_runtime import apply_runtime, device_runtime
+from sieve.service.limits import Limits, device_limits
 from sieve.service.runtime import load_index, searcher_options
 
 log = logging.getLogger("sieve")
@@ -29,6 +31,7 @@ class Components:
     searcher: Searcher
     device: str
     precision: dict[str, dict] = field(default_factory=dict)  # stage -> models.precision.Choice.as_dict()
+    limits: Limits | None = None  # the work cap and default deadline in force (service/limits.py); None: the settings'
 
     def model_names(self) -> dict[str, str | None]:
         """/readyz `models`: the bi-encoder and every registered stage with a model (null = not loaded)."""
@@ -109,8 +112,9 @@ def load_components(settings: Settings) -> Components:
     log.info("loaded %s (%d docs, version %d) on %s; stages with models: %s", served_name(settings), index.size,
              index.version, device, ", ".join(models) or "none")
     precision = lower_precision(settings, biencoder, models)  # after every load: annCUR keeps its fp32 cross-encoder
+    apply_runtime(device_runtime(settings, device), device, biencoder, models.get("cmc"))  # buckets, streams, graphs
     searcher = Searcher(biencoder, index, models=models, **searcher_options(settings))
-    return Components(searcher, str(device), precision)
+    return Components(searcher, str(device), precision, device_limits(settings, device, biencoder))
 
 
 def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) -> dict[str, dict]:

@@ -22,6 +22,7 @@ from sieve.service.cache import Caches
 from sieve.service.components import Components
 from sieve.service.config import Settings
 from sieve.service.errors import error_body
+from sieve.service.limits import Limits, cpu_limits
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
 from sieve.service.responses import cohere_rerank_response, json_response, rerank_response, search_response, to_json
@@ -99,8 +100,13 @@ def check_limit(value: int, limit: int, field: str, setting: str) -> None:
                            allowed=f"at most {limit} ({setting})")
 
 
-def timeout_of(body, settings: Settings) -> int | None:
-    return getattr(body, "timeout_ms", None) or settings.default_timeout_ms
+def limits_of(components, settings: Settings) -> Limits:
+    """The work cap and default deadline in force: the device's (service/limits.py), else the settings'."""
+    return components.limits or cpu_limits(settings)
+
+
+def timeout_of(body, limits: Limits) -> int | None:
+    return getattr(body, "timeout_ms", None) or limits.default_timeout_ms
 
 
 def retrieve_k_of(body: schemas.SearchRequest, index) -> int:
@@ -131,8 +137,9 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     rerank = body.rerank or searcher.default_rerank(retriever, settings.default_rerank)
     use_ce = body.cross_encoder if body.cross_encoder is not None else \
         settings.default_cross_encoder and searcher.serves_cross_encoder(retriever, body.ce_model)
+    deadline = timeout_of(body, limits_of(components, settings))
     params = SearchParams(body.query, body.top_k, retrieve_k_of(body, searcher.index), rerank, body.cmc_k, use_ce,
-                          timeout_of(body, settings), retriever=retriever, ce_model=body.ce_model,
+                          deadline, retriever=retriever, ce_model=body.ce_model,
                           use_cache=not fresh, cancelled=hang_up(request))
     key_params = body.model_dump(exclude={"timeout_ms"}) | {"query": searcher.normalise(body.query),
                                                             "cross_encoder": use_ce, "retriever": retriever,
@@ -171,9 +178,9 @@ def rerank(body: schemas.RerankRequest, request: Request, components: Components
            metrics: MetricsDep):
     """Rerank a candidate list from elsewhere (Cohere / TEI shape). Indexed ids reuse stored vectors."""
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
-    items = rerank_items(body)
+    items, limits = rerank_items(body), limits_of(components, settings)
     outcome = components.searcher.rerank(body.query, items, body.model, body.top_n or len(items),
-                                         timeout_of(body, settings), settings.rerank_max_tokens, hang_up(request))
+                                         timeout_of(body, limits), limits.rerank_max_tokens, hang_up(request))
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
@@ -215,8 +222,9 @@ def cohere_rerank(body: schemas.CohereRerankRequest, request: Request, component
     check_limit(len(body.documents), settings.rerank_max_documents, "documents", "SIEVE_RERANK_MAX_DOCUMENTS")
     model = sieve_model(body.model, components.searcher)
     items = [RerankItem(text=first_words(d, body.max_tokens_per_doc)) for d in body.documents]
+    limits = limits_of(components, settings)
     outcome = components.searcher.rerank(body.query, items, model, body.top_n or len(items),
-                                         timeout_of(body, settings), settings.rerank_max_tokens, hang_up(request))
+                                         timeout_of(body, limits), limits.rerank_max_tokens, hang_up(request))
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/v2/rerank", skipped=",".join(outcome.state.skipped)).inc()
@@ -266,7 +274,7 @@ def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     return schemas.Ready(index_size=index.size, index_version=index.version, **served,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=cmc, workers=team)
+                         cmc=cmc, workers=team, limits=limits_of(components, settings).as_dict())
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

@@ -18,6 +18,11 @@ def searcher_options(settings: Settings) -> dict:
             "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
 
 
+def flat_device(settings: Settings, device) -> str | None:
+    """Where flat segments are searched: on the GPU of a CUDA server (index/device_flat.py), else FAISS on the CPU."""
+    return str(device) if settings.flat_search_on_device and device.type == "cuda" else None
+
+
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
     """The live version of SIEVE_INDEX_DIR, checked against the bi-encoder (and a separate-mode CMC's store); with
     SIEVE_INDEX_BACKEND=qdrant or qdrant-edge, the Qdrant collection (service/qdrant_service.py)."""
@@ -27,7 +32,8 @@ def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
         return open_qdrant(settings, biencoder)
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
-                             nprobe=settings.nprobe, ef_search=settings.ef_search)
+                             nprobe=settings.nprobe, ef_search=settings.ef_search,
+                             flat_device=flat_device(settings, device))
     if cmc is not None and cmc.config.mode == "separate" and not index.has_store("cmc"):
         index.close()
         raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "

@@ -315,6 +315,13 @@ class WorkersStatus(Reply):
                                                 "several workers and no setting, the cores divided among them).")
 
 
+class LimitsStatus(Reply):
+    rerank_max_tokens: int = Field(..., description="The /rerank work cap in force (tokens a request may give its model to read; more = 413).")
+    default_timeout_ms: int | None = Field(..., description="The deadline of a request that gives no timeout_ms, in force (null = none).")
+    speedup: float = Field(..., description="The device's speed-up over the 2-core CPU the defaults were sized on, that scaled the two above (1 = the CPU defaults).")
+    source: Literal["cpu", "setting", "calibrated"] = Field(..., description="Where the speed-up came from: cpu (today's defaults, unscaled), setting (SIEVE_DEVICE_SPEEDUP) or calibrated (a forward timed at start-up on CUDA). Settings given explicitly are kept as given.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -333,3 +340,4 @@ class Ready(Reply):
     precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
     cmc: CMCStatus | None = Field(None, description="The served CMC and where it came from (null when the CMC stage is off).")
     workers: WorkersStatus | None = Field(None, description="The server's worker processes (docs/deployment.md).")
+    limits: LimitsStatus | None = Field(None, description="The /rerank work cap and default deadline in force: the settings on a CPU, scaled by the device's speed-up on a faster one (docs/deployment.md, GPU).")

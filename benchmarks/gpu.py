@@ -1,0 +1,372 @@
+"""Sieve on one CUDA machine (issue 32): real `sieve serve` processes measured from outside by closed-loop clients on
+loopback, plus in-process kernel figures (benchmarks/gpu_micro.py), written to benchmarks/results/gpu_<device>.json
+(the device, CPU count, versions) after every cell, so a run cut short keeps what it measured.
+
+Sections (--sections, in this order; each server is started, measured and stopped on its own):
+  build    `sieve index build` of the corpus (SciFact x --reps, ids suffixed) on the device: documents per second
+  micro    cross-encoder forward alone (100 / 512 pairs) and its tokenization, CMC forward vs K 512 / 10,000 / 16,384,
+           FAISS vs the device's flat search, the start-up calibration and the limits it puts in force
+  serve    the default /search (hybrid -> CMC over 512, top_k 10) at 1 / 16 / 64 clients with per-stage means from
+           /metrics; /rerank of 100 documents with the cross-encoder at 1 and 8 clients (pairs/s); /search with
+           CMC over 16,384 candidates (retriever be), p50 at one client
+  papercmc the paper-style CMC (two attention layers; the shipped default is an MLP over the evidence, which costs
+           nothing at any K): /search retriever be -> CMC over 512 at 1 and 16 clients, over 16,384 at 1
+  nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
+  cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 clients, /rerank 100 at 1: the ratios
+  workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients
+           (the other sections run SIEVE_WORKERS unset: the automatic count, which /readyz `workers` records)
+
+Servers run with the result cache off, SIEVE_MAX_INFLIGHT=512, a 60 s deadline and no work cap (what is measured
+is throughput, not the protection; /readyz of every server is kept, and `micro` records the limits the device
+would put in force by default). Every request sends `Cache-Control: no-cache`.
+
+    python benchmarks/gpu.py                                  # on a CUDA machine, from the repository root
+    python benchmarks/gpu.py --device cpu --quick --ndocs 300 --reps 1 --workers 2 --out /tmp/gpu_smoke.json
+benchmarks/gpu_prepare.sh + gpu_run.sh carry the repository to a CUDA machine without registry access and run it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "workers")
+DEFAULT = {}  # the default /search: the server's retriever, reranker and top_k 10
+BE_CMC = {"retriever": "be", "rerank": "cmc", "cross_encoder": False}  # retrieve_k 512 by default
+BE_CMC_16384 = {**BE_CMC, "retrieve_k": 16384}
+
+
+class Run:
+    """The result file, rewritten after every cell."""
+
+    def __init__(self, out: Path, meta: dict):
+        self.out, self.data = out, {**meta, "cells": [], "servers": {}, "errors": []}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.save()
+
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.data, indent=1))
+
+    def error(self, what: str) -> None:
+        print("ERROR", what, flush=True)
+        self.data["errors"].append(what)
+        self.save()
+
+
+def machine(device: str) -> dict:
+    probe = ("import json, sys, torch, transformers, faiss, fastapi, numpy; "
+             "print(json.dumps({'python': sys.version.split()[0],"
+             " 'torch': torch.__version__, 'transformers': transformers.__version__, 'faiss': faiss.__version__,"
+             " 'fastapi': fastapi.__version__, 'numpy': numpy.__version__, 'cuda': torch.version.cuda,"
+             " 'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,"
+             " 'faiss_gpus': getattr(faiss, 'get_num_gpus', lambda: 0)()}))")
+    versions = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                         check=True).stdout)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    if not commit and (REPO / "COMMIT").exists():  # a packed tree (gpu_prepare.sh) records its commit
+        commit = (REPO / "COMMIT").read_text().strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
+    return {"device": device, "gpu": versions.pop("gpu"), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "platform": platform.platform(), "versions": versions, "commit": commit or None,
+            "load_avg_start": list(os.getloadavg())}
+
+
+def sieve_bin() -> str:
+    """The `sieve` command: SIEVE_BIN (gpu_run.sh installs into a --target directory), else the one beside python."""
+    return os.environ.get("SIEVE_BIN") or str(Path(sys.executable).parent / "sieve")
+
+
+def server_env(args, device: str, extra: dict | None = None) -> dict:
+    env = dict(os.environ, SIEVE_DEVICE=device, SIEVE_INDEX_DIR=str(args.index), SIEVE_CACHE_ENABLED="false",
+               SIEVE_MAX_INFLIGHT="512", SIEVE_LOG_LEVEL="warning", SIEVE_DEFAULT_TIMEOUT_MS="60000",
+               SIEVE_RERANK_MAX_TOKENS="100000000", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if args.models:  # gpu-check's layout: be/, ce/, cmc-fusion/
+        env.update(SIEVE_MODEL_PATH=str(args.models / "be"), SIEVE_CROSS_ENCODER_PATH=str(args.models / "ce"),
+                   SIEVE_CMC_PATH=str(args.models / "cmc-fusion"))
+    return {**env, **(extra or {})}
+
+
+def start(run: Run, name: str, env: dict, port: int, workers: int | None, logs: Path):
+    cmd = [sieve_bin(), "serve", "--port", str(port)]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    t0, log = time.time(), open(logs / f"serve-{name}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+    ready = None
+    for _ in range(1200):
+        if proc.poll() is not None:
+            break
+        try:
+            reply = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+            if reply.status_code == 200:
+                ready = reply.json()
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    run.data["servers"][name] = {"device": env["SIEVE_DEVICE"], "workers": workers,
+                                 "start_s": round(time.time() - t0, 1), "readyz": ready, "exit": proc.poll()}
+    run.save()
+    if ready is None:
+        stop(proc)
+        run.error(f"{name} did not become ready: {(logs / f'serve-{name}.log').read_text()[-2000:]}")
+        return None
+    return proc
+
+
+def stop(proc) -> None:
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, 9)
+
+
+def stage_sums(port: int) -> dict:
+    """Sum and count of every *_seconds histogram on /metrics, by its labels."""
+    out = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if not line.startswith("#") and "_seconds_" in line:
+            key, _, value = line.rpartition(" ")
+            if key.split("{")[0].endswith(("_sum", "_count")):
+                out[key] = float(value)
+    return out
+
+
+def stage_means(before: dict, after: dict) -> dict:
+    means = {}
+    for key, value in after.items():
+        if key.split("{")[0].endswith("_sum") and key in before:
+            count = key.replace("_sum", "_count", 1)
+            n = after.get(count, 0) - before.get(count, 0)
+            if n > 0:
+                means[key.replace("_sum", "")] = {"mean_ms": round(1000 * (value - before[key]) / n, 3), "n": int(n)}
+    return means
+
+
+async def closed_loop(url: str, bodies, clients: int, seconds: float, record: bool, lat: list, codes: dict) -> None:
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    until = time.perf_counter() + seconds
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        j = i * 37
+        while time.perf_counter() < until:
+            body, j = bodies(j), j + 1
+            t = time.perf_counter()
+            try:
+                reply = await http.post(url, json=body, headers={"Cache-Control": "no-cache"})
+                code = str(reply.status_code)
+                if code == "200" and reply.json().get("partial"):
+                    code = "200-partial"
+            except httpx.HTTPError as exc:
+                code = type(exc).__name__
+            if record:
+                lat.append(time.perf_counter() - t)
+                codes[code] = codes.get(code, 0) + 1
+
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+
+
+def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, nominal: int,
+         per_request: int = 1) -> dict:
+    """One measured window at `nominal` clients (a --quick run caps them at 4)."""
+    url, lat, codes = f"http://127.0.0.1:{port}{path}", [], {}
+    clients = min(nominal, 4) if args.quick else nominal
+    asyncio.run(closed_loop(url, bodies, clients, args.warm_s, False, lat, codes))
+    before = stage_sums(port)
+    t0 = time.perf_counter()
+    asyncio.run(closed_loop(url, bodies, clients, args.measure_s, True, lat, codes))
+    wall, after = time.perf_counter() - t0, stage_sums(port)
+    lat.sort()
+    pct = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2) if lat else None  # noqa: E731
+    ok = codes.get("200", 0) / wall
+    row = {"cell": name, "server": server, "path": path, "nominal_clients": nominal, "clients": clients,
+           "n": len(lat), "seconds": round(wall, 2),
+           "qps": round(len(lat) / wall, 2), "ok_qps": round(ok, 2), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
+           "p99_ms": pct(0.99), "codes": codes, "stage_means": stage_means(before, after),
+           "load_avg": list(os.getloadavg())}
+    if per_request > 1:
+        row["pairs_per_s"] = round(ok * per_request, 1)
+    run.data["cells"].append(row)
+    run.save()
+    print(json.dumps({k: row.get(k) for k in ("cell", "server", "clients", "qps", "p50_ms", "p99_ms", "pairs_per_s",
+                                              "codes")}), flush=True)
+    return row
+
+
+def texts(path: Path, n: int) -> list[str]:
+    rows = [json.loads(line) for line, _ in zip(open(path), range(n))]
+    return [(r.get("title", "") + " " + r["text"]).strip() for r in rows]
+
+
+def searches(queries: list[str], extra: dict):
+    return lambda j: {"query": queries[j % len(queries)], "top_k": 10, **extra}
+
+
+def reranks(queries: list[str], docs: list[str], n: int):
+    return lambda j: {"query": queries[j % len(queries)], "model": "ce", "top_n": 10,
+                      "documents": [docs[(j * 101 + i * 7) % len(docs)] for i in range(n)]}
+
+
+def serve_section(run: Run, args, name: str, device: str, cells: list, extra_env: dict | None = None,
+                  workers: int | None = None) -> None:
+    port = args.port + len(run.data["servers"])
+    proc = start(run, name, server_env(args, device, extra_env), port, workers, args.work)
+    if proc is None:
+        return
+    try:
+        for cname, path, bodies, clients, per_request in cells:
+            try:
+                cell(run, args, cname, name, port, path, bodies, clients, per_request)
+            except Exception as exc:  # noqa: BLE001 - one failed cell must not lose the others
+                run.error(f"{name}/{cname}@{clients}: {exc!r}")
+    finally:
+        stop(proc)
+        run.data["servers"][name]["log_tail"] = (args.work / f"serve-{name}.log").read_text()[-1500:]
+        run.save()
+
+
+def build_section(run: Run, args) -> None:
+    corpus = args.work / "corpus.jsonl"
+    rows = [json.loads(line) for line, _ in zip(open(args.corpus), range(args.ndocs))]
+    with open(corpus, "w") as f:
+        for r in range(args.reps):
+            for d in rows:
+                f.write(json.dumps({**d, "_id": f"{d['_id']}-{r}"}) + "\n")
+    docs = len(rows) * args.reps
+    env = server_env(args, args.device, {"SIEVE_ENCODE_BATCH_SIZE": "256" if args.device != "cpu" else "32"})
+    t0 = time.perf_counter()
+    done = subprocess.run([sieve_bin(), "index", "build", "--corpus", str(corpus), "--out",
+                           str(args.index)], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    run.data["build"] = {"documents": docs, "seconds_with_start_up": round(seconds, 1),
+                         "docs_per_s": round(docs / seconds, 1), "exit": done.returncode,
+                         "log_tail": done.stderr[-1500:]}
+    run.save()
+    if done.returncode != 0:
+        run.error(f"index build failed: {done.stderr[-2000:]}")
+    print(json.dumps({k: v for k, v in run.data["build"].items() if k != "log_tail"}), flush=True)
+
+
+def micro_section(run: Run, args) -> None:
+    out = args.work / "micro.json"
+    env = server_env(args, args.device)
+    for key in ("SIEVE_DEFAULT_TIMEOUT_MS", "SIEVE_RERANK_MAX_TOKENS"):  # the limits the device puts in force
+        env.pop(key)
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_micro.py"), "--device", args.device,
+                           "--queries", str(args.queries), "--corpus", str(args.corpus), "--out", str(out),
+                           *(["--reps", "2", "--ks", "512,2048", "--pairs", "16"] if args.quick else [])],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not out.exists():
+        run.error(f"micro failed: {done.stderr[-2000:]}")
+        return
+    run.data["micro"] = json.loads(out.read_text())
+    run.save()
+
+
+def ratios(run: Run) -> dict:
+    """The figures issue 32 asks for side by side: device over the same machine's CPU, N workers over one."""
+    def find(server: str, cname: str, clients: int, key: str):
+        return next((c.get(key) for c in run.data["cells"] if (c["server"], c["cell"], c["nominal_clients"]) ==
+                     (server, cname, clients)), None)
+
+    def ratio(a, b):
+        return round(a / b, 2) if a and b else None
+
+    out = {"search_16_device_over_cpu": ratio(find("device", "default", 16, "ok_qps"),
+                                              find("cpu", "default", 16, "ok_qps")),
+           "rerank100_1_device_over_cpu": ratio(find("device", "rerank-ce-100", 1, "pairs_per_s"),
+                                                find("cpu", "rerank-ce-100", 1, "pairs_per_s")),
+           "search_16_batching_over_none": ratio(find("device", "default", 16, "ok_qps"),
+                                                 find("nobatch", "default", 16, "ok_qps"))}
+    for n in args_workers(run):
+        if n != 1:
+            out[f"search_64_workers{n}_over_one"] = ratio(find(f"workers{n}", "default", 64, "ok_qps"),
+                                                          find("workers1", "default", 64, "ok_qps"))
+    return out
+
+
+def args_workers(run: Run) -> list[int]:
+    return [int(s.removeprefix("workers")) for s in run.data["servers"] if s.startswith("workers")]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (cpu: a smoke run of the script)")
+    parser.add_argument("--quick", action="store_true", help="short cells and fewer clients: a smoke run")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--corpus", type=Path, default=SCIFACT / "corpus.jsonl")
+    parser.add_argument("--queries", type=Path, default=SCIFACT / "queries.jsonl")
+    parser.add_argument("--ndocs", type=int, default=10**9, help="documents of --corpus taken")
+    parser.add_argument("--reps", type=int, default=9, help="copies of them (SciFact x 9: 46,647, all flat segments)")
+    parser.add_argument("--index", type=Path, help="an index to serve (default: the one `build` makes in --work)")
+    parser.add_argument("--models", type=Path, help="be/, ce/, cmc-fusion/, cmc/ (gpu_run.sh's); default: the shipped")
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts of the `workers` section")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/sieve-gpu"))
+    parser.add_argument("--port", type=int, default=8810)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    args.measure_s, args.warm_s = (1.0, 0.3) if args.quick else (10.0, 2.0)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.index = args.index or args.work / "idx"
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    sections = args.sections.split(",")
+    meta = machine(args.device)
+    name = (meta["gpu"] or args.device).lower()
+    slug = "cpu_smoke" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+    run = Run(args.out or REPO / "benchmarks" / "results" / f"gpu_{slug}.json",
+              {"what": "CPU smoke run of benchmarks/gpu.py: NOT a GPU measurement" if args.device == "cpu" else
+               "benchmarks/gpu.py on a CUDA machine", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": meta})
+    queries, docs = texts(args.queries, 300), texts(args.corpus, 2000)
+    if "build" in sections:
+        build_section(run, args)
+    if "micro" in sections:
+        micro_section(run, args)
+    if "serve" in sections:
+        serve_section(run, args, "device", args.device, [
+            *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (1, 16, 64)],
+            *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), c, 100) for c in (1, 8)],
+            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)])
+    if "papercmc" in sections:
+        paper = str(args.models / "cmc") if args.models else "shipped:cmc"
+        serve_section(run, args, "papercmc", args.device, [
+            *[("be-cmc-512", "/search", searches(queries, BE_CMC), c, 1) for c in (1, 16)],
+            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)], {"SIEVE_CMC_PATH": paper})
+    if "nobatch" in sections:
+        serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), 16, 1)],
+                      {"SIEVE_BATCHING": "false"})
+    if "cpu" in sections:
+        serve_section(run, args, "cpu", "cpu", [("default", "/search", searches(queries, DEFAULT), 16, 1),
+                                                ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)])
+    if "workers" in sections:
+        for n in (int(w) for w in args.workers.split(",") if w):
+            serve_section(run, args, f"workers{n}", args.device,
+                          [("default", "/search", searches(queries, DEFAULT), c, 1) for c in (64, 128)], workers=n)
+    run.data["ratios"] = ratios(run)
+    run.data["finished"], run.data["load_avg_end"] = time.strftime("%Y-%m-%dT%H:%M:%S"), list(os.getloadavg())
+    run.save()
+    print(json.dumps(run.data["ratios"]), "->", run.out, flush=True)
+
+
+if __name__ == "__main__":
+    main()

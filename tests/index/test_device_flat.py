@@ -1,0 +1,61 @@
+"""Exact search of flat segments on the serving device (index/device_flat.py) answers what FAISS's exact search
+answers: same rows, scores within float tolerance, through live writes and deletes. Run here on the CPU device
+(fp32); on CUDA the same code runs in fp16."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sieve.index import Document, SearchIndex, apply_changes, build_index
+from sieve.index.device_flat import DeviceFlat, flat_backend
+from sieve.index.lexical import LexicalConfig
+
+from .conftest import make_docs
+
+PLAIN = LexicalConfig(language="none")
+
+
+def _compare(path, queries, k):
+    with SearchIndex.load(path) as plain, SearchIndex.load(path, flat_device="cpu") as device:
+        assert all(s.device_flat is None for s in plain._p.segments)
+        assert all(s.device_flat is not None for s in device._p.segments)
+        want, got = plain.search(queries, k), device.search(queries, k)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        return got
+
+
+def test_device_flat_equals_faiss_flat_through_writes_and_deletes(tmp_path, encoder):
+    path, docs = tmp_path / "idx", make_docs(200)
+    build_index(docs, encoder, path, progress=False, lexical=PLAIN, faiss_kind="flat")
+    queries = encoder.encode_queries([d.full_text for d in docs[::9]] + ["w1 w2 w3", "w399"])
+    _compare(path, queries, 10)
+    # a live write adds a segment; deleting rows tombstones them in the built segment
+    added = [Document(f"new{i}", "", f"w{i} w{i + 1} w{i + 2} fresh") for i in range(12)]
+    gone = [d.id for d in docs[:40:3]]
+    apply_changes(path, added, gone, {"primary": encoder})
+    scores, rows = _compare(path, queries, 25)
+    with SearchIndex.load(path, flat_device="cpu") as index:
+        assert len(index._p.segments) == 2
+        hit_ids = {d.id for q in rows for d in index.documents([r for r in q if r >= 0])}
+        assert not hit_ids & set(gone)
+    # k larger than a whole segment, and than the index
+    _compare(path, queries[:3], 150)
+    _compare(path, queries[:3], 10_000)
+
+
+def test_device_flat_search_on_its_own_matches_brute_force():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 16)).astype(np.float32)
+    q = rng.standard_normal((300, 16)).astype(np.float32)  # more queries than one matmul chunk
+    flat = DeviceFlat(x, "cpu")
+    assert flat.backend == "torch" and flat.nbytes() == 1000 * 16 * 4
+    scores, rows = flat.search(q, 7)
+    want = np.argsort(-(q @ x.T), axis=1, kind="stable")[:, :7]
+    np.testing.assert_array_equal(rows, want)
+    np.testing.assert_allclose(scores, np.take_along_axis(q @ x.T, want, axis=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device,faiss_gpu", [("cpu", True), ("cpu", False), ("cuda", False)])
+def test_backend_is_torch_without_faiss_gpu(device, faiss_gpu):
+    assert flat_backend(device, faiss_gpu) == "torch"  # faiss-gpu only on a CUDA device, and only when asked
