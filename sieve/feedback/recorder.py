@@ -19,6 +19,7 @@ from sieve.feedback.records import first_stage, query_key
 
 log = logging.getLogger("sieve")
 BATCH = 256
+FLUSH_S = 0.2
 
 
 class DiskImpressions:
@@ -72,6 +73,7 @@ class ImpressionRecorder:
         self.done = threading.Condition()
         self.seq_of: dict[str, int] = {}
         self.healthy = True  # False after an impression batch failed to be written (e.g. disk full)
+        self.flush_now = threading.Event()
         self.thread = threading.Thread(target=self.run, name="sieve-impressions", daemon=True)
         self.thread.start()
 
@@ -91,12 +93,19 @@ class ImpressionRecorder:
     def shown_ids(self, request_id: str) -> tuple[str, ...] | None:
         with self.done:
             found = self.shown.get(request_id)
-        return found if found is not None else self.disk.get(request_id)
+        if found is None:
+            found = self.disk.get(request_id)
+        if found is None:  # another worker's answer may still be in its writer's batch: one flush interval later
+            time.sleep(FLUSH_S + 0.1)
+            found = self.disk.get(request_id)
+        return found
 
     def durable(self, request_id: str, timeout_s: float = 10.0) -> bool:
         """Wait until this process's impression of `request_id` is fsynced (True at once for one read from disk)."""
         with self.done:
             seq = self.seq_of.get(request_id, 0)
+            if self.written < seq:
+                self.flush_now.set()
             return self.done.wait_for(lambda: self.written >= seq, timeout=timeout_s) and self.healthy
 
     # -- the writer thread --------------------------------------------------------------------------------------
@@ -105,11 +114,15 @@ class ImpressionRecorder:
             jobs = [self.jobs.get()]
             if jobs[0] is None:
                 return
+            # group commit: gather for up to FLUSH_S (one fsync per batch, not per answer: the thread competes with
+            # the models for the cores), at once when POST /feedback waits on an impression (durable)
+            self.flush_now.wait(FLUSH_S)
             while len(jobs) < BATCH:
                 try:
                     jobs.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
+            self.flush_now.clear()
             stop = jobs[-1] is None
             jobs = [j for j in jobs if j is not None]
             try:
@@ -136,5 +149,6 @@ class ImpressionRecorder:
 
     def close(self) -> None:
         self.jobs.put(None)
+        self.flush_now.set()
         self.thread.join(timeout=30)
         self.log.close()
