@@ -81,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 def register_plugins(sub) -> None:
     """Training and evaluation commands live beside their code; each module adds its own sub-commands."""
     from sieve.evaluation import cli as eval_cli
-    from sieve.training import adapt_cli
+    from sieve.training import adapt_cli, feedback_cli
     from sieve.training import cli as train_cli
 
     mix_cli.register(train_cli.register(sub))
     eval_cli.register(sub)
     adapt_cli.register(sub)
+    feedback_cli.register(sub)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:

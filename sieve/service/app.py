@@ -12,13 +12,14 @@ import torch
 from fastapi import FastAPI
 
 from sieve.pipeline import registry
-from sieve.service import routes_documents, workers
+from sieve.service import routes_documents, routes_feedback, workers
 from sieve.service.cache import Caches, digest
 from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
 from sieve.service.docs_ui import serve_docs
 from sieve.service.errors import install_error_handlers, route_template
+from sieve.service.feedback_service import FeedbackService
 from sieve.service.metrics import Metrics
 from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
@@ -117,6 +118,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
             metrics.index_commit.observe(commit_s)
 
     state.cmc = serve_cmc(state, settings, components)
+    state.feedback = FeedbackService(settings) if settings.feedback_enabled else None
     metrics.index_backend_up.set(1.0)  # a local index is always up; a Qdrant one reports every call from here on
     if qdrant:  # writes go straight to Qdrant (service/qdrant_service.py)
         searcher.index.on_call = metrics.observe_index_call
@@ -181,6 +183,8 @@ def create_app(settings: Settings | None = None,
         yield
         workers.mark_ready(False)
         app.state.updater.close()
+        if app.state.feedback is not None:
+            app.state.feedback.close()
         app.state.components.close()
 
     # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
@@ -190,9 +194,11 @@ def create_app(settings: Settings | None = None,
     serve_docs(app)
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.feedback = None  # FeedbackService once started with SIEVE_FEEDBACK_ENABLED
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(routes_documents.router)
+    app.include_router(routes_feedback.router)
     if not settings.keys():
         document_optional_auth(app)
     app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,

@@ -130,6 +130,16 @@ class Settings(BaseSettings):
     index_max_segments: int = Field(10, ge=1, description="More segments than this after a write: merge the SIEVE_INDEX_MERGE_WIDTH adjacent segments holding the fewest rows.")
     index_merge_width: int = Field(5, ge=2, description="How many adjacent segments one background merge folds into one.")
     index_compact_deleted_fraction: float = Field(0.2, gt=0, le=1, description="Deleted (tombstoned) rows above this share of all rows: merge every segment into one (a full compaction, in the background).")
+    # feedback (sieve/feedback: impressions, POST /feedback, `sieve feedback learn`)
+    feedback_enabled: bool = Field(False, description="Log what /search showed (an impression per answer, written off the request path) and accept POST /feedback events against its `request_id`; `sieve feedback learn` trains CMC from them.")
+    feedback_dir: Path | None = Field(None, description="Where impressions and feedback events are appended (fsynced, append-only); unset = SIEVE_INDEX_DIR/feedback.")
+    feedback_log_query_text: bool = Field(False, description="Impressions also keep the query text (else only its vector and a hash of the normalised text).")
+    feedback_log_candidates: int = Field(100, ge=1, le=2048, description="Impressions keep the first this many first-stage candidates (ids, bi-encoder and BM25 scores) the learner ranks among.")
+    feedback_max_events: int = Field(500, ge=1, description="Most events in one POST /feedback; more = 413.")
+    feedback_retention_mb: float = Field(1024.0, gt=0, description="Impressions and events kept on disk, each; past it the oldest log segments are deleted.")
+    feedback_swap_fraction: float = Field(0.0, ge=0, le=1, description="Share of /search answers in which two adjacent results among the top SIEVE_FEEDBACK_SWAP_DEPTH swap places (logged), so `sieve feedback learn` can estimate position bias from the logs; 0 = never (the learner then uses (1/rank)^eta).")
+    feedback_swap_depth: int = Field(10, ge=2, le=100, description="Positions a randomised swap may touch (1..depth).")
+    feedback_memory: int = Field(100_000, ge=1, description="Impressions kept in memory to validate events; an older request id is looked up on disk.")
     # server
     host: str = Field("127.0.0.1", description="Bind address of `sieve serve` / `sieve demo`.")
     port: int = Field(8000, ge=1, le=65535, description="Port of `sieve serve` / `sieve demo`.")
@@ -165,6 +175,9 @@ class Settings(BaseSettings):
         if checkpoints.shipped(path) is None:
             raise ValueError(f"{value}: no such shipped checkpoint (have: {', '.join(checkpoints.names())})")
         return path
+
+    def feedback_path(self) -> Path:
+        return self.feedback_dir or self.index_dir / "feedback"
 
     def resolved_model_path(self) -> Path:
         from sieve.models.weights import default_model_path

@@ -46,7 +46,7 @@ def documents_out(outcome: Outcome) -> list[schemas.DocumentOut]:
             for d in outcome.index.documents(cands.rows)]
 
 
-def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchResponse:
+def search_response(outcome: Outcome, return_documents: bool, request_id: str | None = None) -> schemas.SearchResponse:
     """Built with model_construct: every value is typed here (Python str, int, float, None), so validating it again
     would only cost time; tests/service/test_ranked_scores.py checks the result against the schema."""
     cands, state = outcome.candidates, outcome.state
@@ -61,7 +61,7 @@ def search_response(outcome: Outcome, return_documents: bool) -> schemas.SearchR
     return schemas.SearchResponse.model_construct(results=hits, timings_ms=dict(state.timings_ms),
                                                   index_version=int(outcome.index_version), stages=list(state.ran),
                                                   warnings=list(state.warnings), partial=bool(state.partial),
-                                                  skipped=list(state.skipped))
+                                                  skipped=list(state.skipped), request_id=request_id)
 
 
 def json_response(reply: BaseModel, exclude: set[str] | None = None) -> Response:
@@ -74,7 +74,8 @@ def to_json(reply: BaseModel, exclude: set[str] | None = None) -> bytes:
     return type(reply).__pydantic_serializer__.to_json(reply, exclude=exclude)
 
 
-def rerank_response(outcome: Outcome, items, model: str, return_documents: bool) -> schemas.RerankResponse:
+def rerank_response(outcome: Outcome, items, model: str, return_documents: bool,
+                    request_id: str | None = None) -> schemas.RerankResponse:
     cands, state = outcome.candidates, outcome.state
     column = cands.scores.get(outcome.final_stage)
     ranked = None if column is None or not len(cands) else ranked_scores(cands.scores)
@@ -85,7 +86,7 @@ def rerank_response(outcome: Outcome, items, model: str, return_documents: bool)
         results.append(schemas.RerankResult(index=int(origin), relevance_score=score, document=document))
     return schemas.RerankResponse(results=results, timings_ms=state.timings_ms, model=model,
                                   index_version=outcome.index_version, warnings=state.warnings,
-                                  partial=state.partial, skipped=list(state.skipped))
+                                  partial=state.partial, skipped=list(state.skipped), request_id=request_id)
 
 
 def cohere_rerank_response(outcome: Outcome, n_documents: int) -> schemas.CohereRerankResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -151,16 +152,20 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     key = caches.results.key(key_params, searcher.index) if caches.results else None
     if caches.results and not fresh:
         hit = caches.results.get(key)
+    request_id, feedback = uuid.uuid4().hex, request.app.state.feedback
     if hit:
         timings = {"total": (time.perf_counter() - started) * 1000}
-        return json_response(schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True}))
+        response = schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True, "request_id": request_id})
+        return json_response(feedback.on_search(request_id, body.query, response) if feedback else response)
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
-    response = search_response(outcome, body.return_documents)
+    response = search_response(outcome, body.return_documents, request_id)
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
-        caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached"}))
+        caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached", "request_id"}))
+    if feedback:  # impressions are written by a background thread (sieve/feedback/recorder.py)
+        response = feedback.on_search(request_id, body.query, response, outcome)
     return json_response(response)
 
 
@@ -179,7 +184,10 @@ def rerank(body: schemas.RerankRequest, request: Request, components: Components
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/rerank", skipped=",".join(outcome.state.skipped)).inc()
-    return rerank_response(outcome, items, body.model, body.return_documents)
+    response = rerank_response(outcome, items, body.model, body.return_documents, uuid.uuid4().hex)
+    if request.app.state.feedback:
+        request.app.state.feedback.on_rerank(response.request_id, body.query, response, items)
+    return response
 
 
 WORD = re.compile(r"\S+")

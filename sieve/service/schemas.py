@@ -122,6 +122,7 @@ class SearchResponse(Reply):
     partial: bool = Field(False, description="True when a stage was skipped for lack of time: the previous stage's order.")
     skipped: list[str] = Field(default_factory=list, description="Stages skipped for lack of time (e.g. ce, cmc).")
     cached: bool = Field(False, description="Served from the result cache (timings_ms then holds only total).")
+    request_id: str | None = Field(None, description="This answer's id: POST /feedback events name it (with SIEVE_FEEDBACK_ENABLED the server keeps what it showed).")
 
 
 # -- /rerank ------------------------------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class RerankResponse(Reply):
     warnings: list[str] = Field(default_factory=list, description="E.g. query truncated.")
     partial: bool = Field(False, description="True when the reranker was skipped for lack of time.")
     skipped: list[str] = Field(default_factory=list, description="Stages skipped for lack of time (cmc or ce).")
+    request_id: str | None = Field(None, description="This answer's id: POST /feedback events name it (with SIEVE_FEEDBACK_ENABLED the server keeps what it showed).")
 
 
 # -- /v2/rerank (Cohere v2 shape) -----------------------------------------------------------------------------
@@ -238,6 +240,29 @@ class ReloadResponse(Reply):
     changed: bool = Field(..., description="Whether a newer version was found and swapped in.")
     cmc_changed: bool = Field(False, description="Whether a newly published adapted CMC (`sieve adapt`) was found "
                                                  "and swapped in (only without SIEVE_CMC_PATH).")
+
+
+# -- /feedback ---------------------------------------------------------------------------------------------
+class FeedbackEvent(Strict):
+    request_id: str = Field(..., min_length=1, max_length=64, description="The `request_id` of the /search or /rerank answer the event is about.")
+    doc_id: DocumentId = Field(..., min_length=1, max_length=DOC_ID_MAX_CHARS, description="A document that answer showed.")
+    type: Literal["click", "label"] = Field("click", description="click: the user opened it; label: an explicit judgement (`label`).")
+    dwell_ms: int | None = Field(None, ge=0, le=86_400_000, description="Time spent on the document, when known.")
+    label: int | None = Field(None, ge=0, le=3, description="Explicit relevance 0-3 (type label).")
+
+    @model_validator(mode="after")
+    def label_with_type(self):
+        if (self.type == "label") != (self.label is not None):
+            raise ValueError("`label` is given exactly when type is label")
+        return self
+
+
+class FeedbackRequest(Strict):
+    events: list[FeedbackEvent] = Field(..., min_length=1, description="Events (at most SIEVE_FEEDBACK_MAX_EVENTS; more = 413).")
+
+
+class FeedbackResponse(Reply):
+    accepted: int = Field(..., description="Events stored (fsynced: they survive a crash of the server).")
 
 
 # -- health -------------------------------------------------------------------------------------------------

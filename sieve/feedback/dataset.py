@@ -1,0 +1,133 @@
+"""Training lists from the logs: each answer that got clicks becomes the candidate list CMC ranked (the first
+SIEVE_FEEDBACK_LOG_CANDIDATES first-stage candidates, with the evidence they had) and a target weight per candidate:
+a clicked document weighs 1 / p(rank it was shown at) (inverse propensity, clipped), an explicit label label / 3.
+An answer served from the result cache is joined, by its query's hash, to the latest full impression of that query.
+The same lists, with qrels instead of clicks, are the learner's full-information ceiling (benchmarks/feedback_sim.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from sieve.feedback.log import read_records
+from sieve.feedback.propensity import Propensities
+from sieve.feedback.records import unpack
+from sieve.pipeline.evidence import FEATURES, features
+
+CLIP = 20.0  # largest inverse-propensity weight: a click at rank 40 under 1/rank counts 20, not 40 (variance)
+
+
+@dataclass
+class Entry:
+    """One list before it meets the index: ids in first-stage order, their raw evidence, target weight by id."""
+    key: str  # the query's hash: held-out splits go by query, never by answer
+    vector: np.ndarray  # (d,)
+    ids: list[str]
+    be: np.ndarray
+    bm25: np.ndarray
+    targets: dict[str, float]
+    ranks: dict[str, int] = field(default_factory=dict)  # clicked id -> 1-based rank shown (the guard's IPS)
+
+
+@dataclass
+class ClickLists:
+    query_vectors: np.ndarray  # (Q, d) float32
+    rows: np.ndarray  # (Q, K) int64 index rows, -1 padded
+    features: np.ndarray  # (Q, K, F) float32
+    targets: np.ndarray  # (Q, K) float32
+    keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def select(self, picks) -> "ClickLists":
+        picks = np.asarray(picks, dtype=np.int64)
+        return ClickLists(self.query_vectors[picks], self.rows[picks], self.features[picks], self.targets[picks],
+                          [self.keys[i] for i in picks])
+
+
+def build(entries: list[Entry], index, depth: int) -> tuple[ClickLists, dict]:
+    """Lists over the documents still in the index (a deleted one is left out); a list none of whose targets is
+    among its candidates is dropped (counted)."""
+    d = len(entries[0].vector) if entries else 0
+    vecs, rows, feats, targets, keys = [], [], [], [], []
+    stats = {"lists": 0, "targets_not_in_candidates": 0, "documents_gone": 0}
+    for e in entries:
+        present = [i for i, doc in enumerate(e.ids[:depth]) if index.has_id(doc)]
+        stats["documents_gone"] += min(len(e.ids), depth) - len(present)
+        ids = [e.ids[i] for i in present]
+        where = {doc: i for i, doc in enumerate(ids)}
+        stats["targets_not_in_candidates"] += sum(1 for doc in e.targets if doc not in where)
+        t = np.zeros(depth, np.float32)
+        for doc, w in e.targets.items():
+            if doc in where:
+                t[where[doc]] = w
+        if not t.any():
+            continue
+        r = np.full(depth, -1, np.int64)
+        r[:len(ids)] = index.rows_for_ids(ids)
+        f = np.zeros((depth, len(FEATURES)), np.float32)
+        f[:len(ids)] = features(e.be[present], e.bm25[present])
+        vecs.append(e.vector), rows.append(r), feats.append(f), targets.append(t), keys.append(e.key)
+    stats["lists"] = len(keys)
+    if not keys:
+        return ClickLists(np.zeros((0, d), np.float32), np.zeros((0, depth), np.int64),
+                          np.zeros((0, depth, len(FEATURES)), np.float32), np.zeros((0, depth), np.float32), []), stats
+    return ClickLists(np.stack(vecs).astype(np.float32), np.stack(rows), np.stack(feats), np.stack(targets), keys), stats
+
+
+@dataclass
+class Logs:
+    impressions: dict[str, dict]
+    events: list[dict]
+
+    @classmethod
+    def read(cls, root: Path) -> "Logs":
+        return cls({r["request_id"]: r for r in read_records(root, "impressions")}, list(read_records(root, "events")))
+
+    def clicks(self) -> dict[str, list[dict]]:
+        """request id -> its events, for impressions still in the log (retention may have dropped the rest)."""
+        out: dict[str, list[dict]] = {}
+        for e in self.events:
+            if e["request_id"] in self.impressions:
+                out.setdefault(e["request_id"], []).append(e)
+        return out
+
+    def for_propensity(self) -> Iterable[tuple[int, int | None, list[int]]]:
+        """(results shown, swap, clicked 1-based ranks) of every /search answer, clicked or not."""
+        clicks = self.clicks()
+        for rid, imp in self.impressions.items():
+            if imp.get("endpoint") != "/search":
+                continue
+            shown = imp["shown"]
+            ranks = sorted({shown.index(e["doc_id"]) + 1 for e in clicks.get(rid, ())
+                            if e.get("type", "click") == "click" and e["doc_id"] in shown})
+            yield len(shown), imp.get("swap"), ranks
+
+    def entries(self, props: Propensities, clip: float = CLIP) -> tuple[list[Entry], dict]:
+        """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first."""
+        latest = {}
+        for imp in sorted(self.impressions.values(), key=lambda r: r["t"]):
+            if "candidates" in imp and "vector" in imp:
+                latest[imp["query_key"]] = imp
+        entries, unjoined = [], 0
+        for rid, events in sorted(self.clicks().items(), key=lambda item: self.impressions[item[0]]["t"]):
+            imp = self.impressions[rid]
+            full = imp if "candidates" in imp and "vector" in imp else latest.get(imp["query_key"])
+            if full is None:
+                unjoined += 1
+                continue
+            targets, ranks = {}, {}
+            for e in events:
+                if e.get("type") == "label":
+                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), e["label"] / 3)
+                elif e["doc_id"] in imp["shown"]:
+                    rank = imp["shown"].index(e["doc_id"]) + 1
+                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / props.of(rank), clip))
+                    ranks[e["doc_id"]] = rank
+            entries.append(Entry(imp["query_key"], unpack(full["vector"]), full["candidates"], unpack(full["be"]),
+                                 unpack(full["bm25"]), targets, ranks))
+        return entries, {"answers_with_events": len(entries) + unjoined, "without_candidates": unjoined}

@@ -1,0 +1,219 @@
+"""`sieve feedback learn` and `sieve feedback import` (training/feedback_learn.py, sieve/feedback).
+
+learn: reads the impressions and events a server with SIEVE_FEEDBACK_ENABLED logged (SIEVE_FEEDBACK_DIR, else
+INDEX/feedback), estimates position bias (randomised swaps in the logs, else (1/rank)^eta), trains CMC from the
+served model and publishes it into the index's adapted store only when the guard passes; a server on the index swaps
+it in as it does a `sieve adapt` model (POST /admin/index/reload or its next SIEVE_INDEX_POLL_S poll).
+Exit status 0: published (or --dry-run); 2: too little feedback to learn from; 3: trained but refused by the guard.
+
+import: a log exported from elsewhere, JSON lines {"query": str, "shown": [ids in the order shown], "clicked":
+[ids]}: each query runs through the index's first stage (for the candidates and evidence the learner needs) and is
+appended as an impression with its clicks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_TOO_LITTLE, EXIT_REFUSED = 2, 3
+MIN_TRAIN = 20
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def register(sub) -> None:
+    from sieve.training.feedback_config import LearnConfig
+
+    d = LearnConfig()
+    p = sub.add_parser("feedback", help="learn CMC from users' clicks (sieve feedback learn | import)")
+    commands = p.add_subparsers(dest="feedback_command", required=True)
+    learn = commands.add_parser("learn", help="train CMC from logged clicks; publish it when the guard passes")
+    learn.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
+    learn.add_argument("--feedback-dir", type=Path, help="the logs (SIEVE_FEEDBACK_DIR, else INDEX/feedback)")
+    learn.add_argument("--depth", type=int, default=d.depth,
+                       help="candidates per list the learner ranks among (at most SIEVE_FEEDBACK_LOG_CANDIDATES)")
+    learn.add_argument("--steps", type=int, default=d.steps)
+    learn.add_argument("--batch", type=int, default=d.batch)
+    learn.add_argument("--lr", type=float, default=d.lr)
+    learn.add_argument("--teacher", type=float, default=d.teacher, help="weight of KL(served || model)")
+    learn.add_argument("--layers", type=int, default=d.n_layers, help="attention layers added to a served CMC without any")
+    learn.add_argument("--eta", type=float, default=1.0, help="the default propensity (1/rank)^eta, without swaps in the logs")
+    learn.add_argument("--clip", type=float, default=20.0, help="largest inverse-propensity weight")
+    learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
+    learn.add_argument("--split", choices=["query", "time"], default=d.split,
+                       help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
+    learn.add_argument("--min-heldout", type=int, default=d.min_heldout, help="held-out answers with clicks the guard needs")
+    learn.add_argument("--seed", type=int, default=d.seed)
+    learn.add_argument("--dry-run", action="store_true", help="train and judge, never publish")
+    learn.add_argument("--out", type=Path, help="also save the trained model here (a CMC checkpoint), published or not")
+    learn.set_defaults(func=cmd_learn)
+    imp = commands.add_parser("import", help="append an exported click log (JSON lines: query, shown, clicked)")
+    imp.add_argument("file", type=Path)
+    imp.add_argument("--index", type=Path, help="index directory (SIEVE_INDEX_DIR)")
+    imp.add_argument("--feedback-dir", type=Path, help="where to append (SIEVE_FEEDBACK_DIR, else INDEX/feedback)")
+    imp.set_defaults(func=cmd_import)
+
+
+def opened(settings):
+    """(bi-encoder, index, adapted store, served CMC bundle) of a local index, on the CPU."""
+    if not (Path(settings.index_dir) / "CURRENT").is_file():
+        raise SystemExit(f"no index at {settings.index_dir} (no CURRENT file)")
+    import torch
+
+    from sieve.index.adapted import store_for
+    from sieve.service.components import load_biencoder
+    from sieve.service.runtime import load_index
+    from sieve.stages.cmc import load_first
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    biencoder = load_biencoder(settings, torch.device("cpu"))
+    index = load_index(settings, biencoder, torch.device("cpu"))
+    store = store_for(index, settings.index_dir, settings.cache_dir)
+    served = load_first(settings.cmc_choices(store.current()), biencoder, index)
+    return biencoder, index, store, served
+
+
+def cmd_learn(args: argparse.Namespace, settings) -> None:
+    code = learn(args, settings)
+    if code:
+        sys.exit(code)
+
+
+def learn(args, settings) -> int:
+    from sieve.feedback import propensity
+    from sieve.feedback.dataset import Logs, build
+    from sieve.training.adapt_cli import workspace
+    from sieve.training.feedback_config import LearnConfig
+
+    cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
+                      batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
+                      min_heldout=args.min_heldout, seed=args.seed)
+    biencoder, index, store, served = opened(settings)
+    try:
+        root = args.feedback_dir or settings.feedback_path()
+        logs = Logs.read(root)
+        props = propensity.estimate(logs.for_propensity(), settings.feedback_swap_depth, fallback_eta=args.eta)
+        log(f"{len(logs.impressions)} impressions, {len(logs.events)} events in {root}; propensity: {props.source}")
+        entries, joined = logs.entries(props, args.clip)
+        lists, stats = build(entries, index, cfg.depth)
+        with workspace(store.root):
+            return learn_lists(cfg, lists, index, store, biencoder, served, args,
+                               {"feedback_dir": str(root), "propensity": {"source": props.source, "eta": props.eta,
+                                                                          "top10": [round(props.of(r), 4) for r in range(1, 11)]},
+                                "answers": joined, "lists": stats})
+    finally:
+        index.close()
+
+
+def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict) -> int:
+    """Split, train, judge, publish (shared by the click learner and the benchmark's full-information ceiling)."""
+    from sieve.training.feedback_learn import Vectors, config_dict, guard, split, train, verdict
+
+    if served.config.mode == "separate":
+        raise SystemExit("the served CMC reads a candidate store of its own (separate mode); feedback learning "
+                         "supports the shared-mode CMCs (the shipped ones, `sieve adapt`'s)")
+    rest, held = split(lists, cfg.heldout, cfg.seed, cfg.split)
+    fit, validation = split(rest, cfg.validation, cfg.seed + 1, cfg.split)
+    summary = {"command": getattr(args, "command_line", None), "index_version": index.version,
+               "served": {"name": served.name, "path": str(served.path) if served.path else None}, **about,
+               "split": {"train": len(fit), "validation": len(validation), "heldout": len(held)},
+               "config": config_dict(cfg)}
+    if len(fit) < MIN_TRAIN or not len(validation):
+        log(f"too little feedback: {len(fit)} answers with clicks to train on (needs {MIN_TRAIN}) and "
+            f"{len(validation)} to validate on; nothing trained")
+        print(json.dumps({"installed": None, "not_installed": "too little feedback", **summary}, indent=2))
+        return EXIT_TOO_LITTLE
+    vectors = Vectors(index, lists)
+    base = served.model.float().cpu().eval()
+    model, record = train(cfg, fit, validation, base, vectors, log)
+    report = guard(model, base, held, vectors, cfg)
+    summary.update({"guard": report, "best_step": record["best_step"], "history": record["history"],
+                    "train_s": record["train_s"]})
+    if getattr(args, "out", None):
+        save(model, biencoder, args.out, summary, lists, index)
+    refused = verdict(report, record["best_step"], cfg)
+    if refused or args.dry_run:
+        log(f"NOT PUBLISHED: {refused or '--dry-run'}; the server keeps the CMC it serves")
+        print(json.dumps({"installed": None, "not_installed": refused or "dry run", **summary}, indent=2))
+        return EXIT_REFUSED if refused else 0
+    path = store.publish(save(model, biencoder, store.new_work_dir(), summary, lists, index))
+    log(f"published {path}; a server on this index swaps it in on POST /admin/index/reload or its next poll")
+    print(json.dumps({"installed": str(path), **summary}, indent=2))
+    return 0
+
+
+def save(model, biencoder, out: Path, summary: dict, lists, index) -> Path:
+    """A CMC checkpoint with its report, model card and the ids of the documents its lists held."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    from sieve.index.adapted import DOCUMENTS
+    from sieve.models.cmc_checkpoint import CMCBundle, save_cmc
+
+    rows = np.unique(lists.rows[lists.rows >= 0])
+    ids = index.ids(rows) if len(rows) else []
+    adapted = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "documents": len(ids),
+               "index_version": summary["index_version"], "trainer": "sieve feedback learn"}
+    bundle = CMCBundle(model.cfg, model, biencoder, None, "cmc-feedback", biencoder.weights_hash)
+    save_cmc(bundle, out, towers_from_base=True, metadata={"trainer": "sieve feedback learn", "adapted": adapted,
+                                                          "command": summary["command"], "guard": summary["guard"]})
+    (out / DOCUMENTS).write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
+    (out / "feedback.json").write_text(json.dumps(summary, indent=2))
+    (out / "model_card.md").write_text(
+        f"# cmc-feedback\n\nCMC trained by `sieve feedback learn` from {summary['split']['train']} answers with clicks "
+        f"(inverse-propensity weighted; propensity {summary.get('propensity', {}).get('source', 'n/a')}), started "
+        f"from {summary['served']['name']}. Guard on {summary['guard']['heldout_answers']} held-out answers: IPS-DCG "
+        f"difference {summary['guard']['delta']}, 95% interval {summary['guard']['interval']}.\n", encoding="utf-8")
+    return out
+
+
+def cmd_import(args: argparse.Namespace, settings) -> None:
+    import hashlib
+    import time
+
+    from sieve.feedback.log import AppendLog
+    from sieve.feedback.records import first_stage, query_key
+    from sieve.pipeline.searcher import Searcher, SearchParams
+    from sieve.service.runtime import searcher_options
+
+    biencoder, index, _, _ = opened(settings)
+    root = args.feedback_dir or settings.feedback_path()
+    impressions = AppendLog(root, "impressions", int(settings.feedback_retention_mb * 1024 * 1024))
+    events = AppendLog(root, "events", int(settings.feedback_retention_mb * 1024 * 1024))
+    searcher = Searcher(biencoder, index, **searcher_options(settings))
+    count = clicks = 0
+    try:
+        for number, line in enumerate(args.file.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row.get("query"), str) or not isinstance(row.get("shown"), list):
+                raise SystemExit(f"{args.file}:{number}: each line needs a query (string) and shown (list of ids)")
+            query = searcher.normalise(row["query"])
+            rid = "import-" + hashlib.sha256(f"{args.file}:{number}:{line}".encode()).hexdigest()[:24]
+            outcome = searcher.search(SearchParams(query, top_k=1, retrieve_k=min(settings.feedback_log_candidates,
+                                                                                    index.size),
+                                                   rerank="none", retriever="hybrid" if index.has_lexical else "be",
+                                                   cmc_k=1))
+            record = {"request_id": rid, "t": round(time.time(), 3), "endpoint": "/search", "imported": True,
+                      "query_key": query_key(query), "shown": [str(i) for i in row["shown"]], "swap": None,
+                      **first_stage(outcome, settings.feedback_log_candidates)}
+            if settings.feedback_log_query_text:
+                record["query"] = row["query"]
+            clicked = [str(i) for i in row.get("clicked", []) if str(i) in record["shown"]]
+            impressions.append([record])
+            events.append([{"request_id": rid, "doc_id": doc, "type": "click", "received": record["t"]}
+                           for doc in clicked])
+            count, clicks = count + 1, clicks + len(clicked)
+    finally:
+        searcher.close()
+        index.close()
+        impressions.close()
+        events.close()
+    log(f"imported {count} answers with {clicks} clicks into {root}")

@@ -1,0 +1,23 @@
+"""`sieve feedback learn`'s training configuration, light to import (no torch): the command line takes its defaults
+from here, so `sieve feedback --help` answers at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LearnConfig:
+    depth: int = 50  # candidates per list (the top of the logged first-stage list): a step's cost grows with it
+    n_layers: int = 1  # attention layers when the served CMC has none (the shipped fusion CMC)
+    steps: int = 300
+    batch: int = 32
+    lr: float = 1e-3
+    evidence_lr: float = 1e-3
+    teacher: float = 0.5
+    heldout: float = 0.2  # share of queries (by hash) kept for the guard
+    split: str = "query"  # query: held-out queries never trained on; time: the latest answers (queries repeat)
+    validation: float = 0.1  # share of the remaining queries that selects the step kept
+    min_heldout: int = 50  # held-out answers with clicks the guard needs
+    bootstrap: int = 1000
+    eval_every: int = 50
+    seed: int = 0

@@ -1,0 +1,94 @@
+"""The learner and its guard on the demo index, with the shipped fusion CMC as the served model: a model trained on
+adversarial clicks (always the lowest shown document that is not the query's own) is refused on held-out genuine
+feedback, with a negative counterfactual estimate; one trained on genuine clicks estimates better than it; too little
+held-out feedback is refused whatever the estimate."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sieve.feedback import propensity
+from sieve.feedback.dataset import Entry, build
+from sieve.index import build_index, read_beir_corpus
+from tests.conftest import DEMO_CORPUS
+
+SHOWN = 10
+
+
+@pytest.fixture(scope="module")
+def world(biencoder, cache_dir, tmp_path_factory):
+    import torch
+
+    from sieve import checkpoints
+    from sieve.models.cmc_checkpoint import load_cmc
+    from sieve.service.config import Settings
+    from sieve.service.runtime import load_index
+
+    path = tmp_path_factory.mktemp("demo-index")
+    docs = read_beir_corpus(DEMO_CORPUS)
+    build_index(docs, biencoder, path, cache_dir=cache_dir, progress=False)
+    index = load_index(Settings(index_dir=path), biencoder, torch.device("cpu"))
+    served = load_cmc(checkpoints.CMC, biencoder).model.float().eval()
+    queries = biencoder.encode_queries([d.title for d in docs]).float().numpy()
+    yield index, served, docs, queries
+    index.close()
+
+
+def entries(docs, queries, index, adversarial: bool, sessions: int, seed: int) -> list[Entry]:
+    rng = np.random.default_rng(seed)
+    vectors = index.embeddings(np.arange(index.size))
+    ids = index.ids(np.arange(index.size))
+    props = propensity.default()
+    out = []
+    for s in range(sessions):
+        i = s % len(docs)
+        be = vectors @ queries[i]
+        order = np.argsort(-be)
+        cand = [ids[j] for j in order]
+        shown = cand[:SHOWN]
+        if adversarial:
+            clicked = next(d for d in reversed(shown) if d != docs[i].id)
+        else:
+            clicked = docs[i].id if docs[i].id in shown and rng.random() < props.of(shown.index(docs[i].id) + 1) else None
+        if clicked is None:
+            continue
+        rank = shown.index(clicked) + 1
+        out.append(Entry(f"q{i}", queries[i], cand, be[order].astype(np.float32), np.zeros(len(cand), np.float32),
+                         {clicked: 1.0 / props.of(rank)}, {clicked: rank}))
+    return out
+
+
+def learned(world, adversarial: bool):
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, guard, split, train
+
+    index, served, docs, queries = world
+    # no attention layer (the fusion of the evidence alone learns): seconds on a loaded 2-core machine
+    cfg = LearnConfig(depth=30, n_layers=0, steps=60, batch=16, eval_every=10, lr=1e-2, evidence_lr=1e-2,
+                      teacher=0.1, min_heldout=20)
+    lists, _ = build(entries(docs, queries, index, adversarial, 600, seed=1), index, cfg.depth)
+    genuine, _ = build(entries(docs, queries, index, False, 600, seed=2), index, cfg.depth)
+    fit, validation = split(lists, 0.2, cfg.seed)
+    vectors = Vectors(index, lists, genuine)
+    model, record = train(cfg, fit, validation, served, vectors, log=lambda _: None)
+    return guard(model, served, genuine, vectors, cfg), record, cfg
+
+
+def test_the_guard_refuses_a_model_trained_on_adversarial_clicks(world):
+    from sieve.training.feedback_learn import verdict
+
+    bad, record, cfg = learned(world, adversarial=True)
+    assert record["best_step"] > 0  # it did learn the adversarial clicks (else the refusal would be trivial)
+    assert bad["delta"] < 0 and bad["interval"][0] < 0
+    assert "not better than the served model" in verdict(bad, record["best_step"], cfg)
+    good, _, _ = learned(world, adversarial=False)
+    assert good["delta"] > bad["delta"]
+
+
+def test_too_little_heldout_feedback_is_refused():
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import verdict
+
+    report = {"heldout_answers": 12, "delta": 0.5, "interval": [0.4, 0.6]}
+    assert "too little held-out feedback" in verdict(report, 100, LearnConfig(min_heldout=50))
+    assert verdict({**report, "heldout_answers": 50}, 100, LearnConfig(min_heldout=50)) is None
