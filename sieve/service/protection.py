@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sieve.service.errors import error_body, malformed_json
 from sieve.service.metrics import Metrics
 
-WORK_PREFIXES = ("/search", "/rerank", "/v2/rerank", "/documents", "/admin")
+WORK_PREFIXES = ("/search", "/rerank", "/v2/rerank", "/documents", "/feedback", "/admin")
 
 # Token bucket in one atomic script, on Redis's clock (replicas of Sieve may disagree on theirs).
 TOKEN_BUCKET_LUA = """
