@@ -25,7 +25,8 @@ REPLACED_WITHIN_S = 600  # a new worker loads the bi-encoder: seconds on a quiet
 def team(demo_index, tmp_path_factory):
     index = tmp_path_factory.mktemp("workers") / "index"
     shutil.copytree(demo_index, index)
-    srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_WORKERS": str(WORKERS), "SIEVE_WRITE_BATCH_WAIT_MS": "5"},
+    srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_WORKERS": str(WORKERS), "SIEVE_WRITE_BATCH_WAIT_MS": "5",
+                  "SIEVE_FEEDBACK_ENABLED": "true"},
                  tmp_path_factory.mktemp("logs") / "workers.log")
     srv.index = index
     yield srv
@@ -83,6 +84,21 @@ def test_a_write_through_one_worker_is_read_through_the_other(team):
         b.close()
     assert got.status_code == 200 and got.json()["text"] == doc["text"]
     assert hits["results"][0]["id"] == "team-1"
+
+
+def test_a_click_sent_to_another_worker_is_checked_against_what_the_first_showed(team):
+    a, b = clients_on_two_workers(team)
+    try:
+        answer = a.post("/search", json={"query": "how do volcanoes erupt", "top_k": 3}).json()
+        shown, rid = [r["id"] for r in answer["results"]], answer["request_id"]
+        ok = b.post("/feedback", json={"events": [{"request_id": rid, "doc_id": shown[1]}]})
+        assert ok.status_code == 200 and ok.json()["accepted"] == 1, ok.text
+        not_shown = b.post("/feedback", json={"events": [{"request_id": rid, "doc_id": "not-shown-anywhere"}]})
+        assert not_shown.status_code == 422 and not_shown.json()["error"]["code"] == "document_not_shown"
+        assert worker_of(a) != worker_of(b)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_counters_and_histograms_add_up_every_worker(team):
