@@ -173,23 +173,43 @@ def save(model, biencoder, out: Path, summary: dict, lists, index) -> Path:
     return out
 
 
+IMPORT_CHUNK = 1000  # lines per append (one fsync each for impressions and events)
+IMPORT_MEMO = 10_000  # first stages of recent queries kept (a query's candidates and vector: a few KB each)
+
+
 def cmd_import(args: argparse.Namespace, settings) -> None:
     import hashlib
     import time
+
+    from tqdm.auto import tqdm
 
     from sieve.feedback.log import AppendLog
     from sieve.feedback.records import first_stage, query_key
     from sieve.pipeline.searcher import Searcher, SearchParams
     from sieve.service.runtime import searcher_options
 
+    lines = args.file.read_text(encoding="utf-8").splitlines()
     biencoder, index, _, _ = opened(settings)
     root = args.feedback_dir or settings.feedback_path()
     impressions = AppendLog(root, "impressions", int(settings.feedback_retention_mb * 1024 * 1024))
     events = AppendLog(root, "events", int(settings.feedback_retention_mb * 1024 * 1024))
     searcher = Searcher(biencoder, index, **searcher_options(settings))
+    depth = min(settings.feedback_log_candidates, index.size)
+    from collections import OrderedDict
+
+    candidates: OrderedDict[str, dict] = OrderedDict()  # query -> its first stage: a log repeats its queries
     count = clicks = 0
+    pending_impressions: list[dict] = []
+    pending_events: list[dict] = []
+
+    def flush() -> None:
+        impressions.append(pending_impressions)  # the impressions first: an event never refers to nothing on disk
+        events.append(pending_events)
+        pending_impressions.clear()
+        pending_events.clear()
+
     try:
-        for number, line in enumerate(args.file.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(tqdm(lines, desc="import", unit="answer"), 1):
             if not line.strip():
                 continue
             row = json.loads(line)
@@ -197,20 +217,25 @@ def cmd_import(args: argparse.Namespace, settings) -> None:
                 raise SystemExit(f"{args.file}:{number}: each line needs a query (string) and shown (list of ids)")
             query = searcher.normalise(row["query"])
             rid = "import-" + hashlib.sha256(f"{args.file}:{number}:{line}".encode()).hexdigest()[:24]
-            outcome = searcher.search(SearchParams(query, top_k=1, retrieve_k=min(settings.feedback_log_candidates,
-                                                                                    index.size),
-                                                   rerank="none", retriever="hybrid" if index.has_lexical else "be",
-                                                   cmc_k=1))
+            if query not in candidates:
+                outcome = searcher.search(SearchParams(query, top_k=1, retrieve_k=depth, rerank="none",
+                                                       retriever="hybrid" if index.has_lexical else "be", cmc_k=1))
+                candidates[query] = first_stage(outcome, settings.feedback_log_candidates)
+                if len(candidates) > IMPORT_MEMO:
+                    candidates.popitem(last=False)
             record = {"request_id": rid, "t": round(time.time(), 3), "endpoint": "/search", "imported": True,
                       "query_key": query_key(query), "shown": [str(i) for i in row["shown"]], "swap": None,
-                      **first_stage(outcome, settings.feedback_log_candidates)}
+                      **candidates[query]}
             if settings.feedback_log_query_text:
                 record["query"] = row["query"]
             clicked = [str(i) for i in row.get("clicked", []) if str(i) in record["shown"]]
-            impressions.append([record])
-            events.append([{"request_id": rid, "doc_id": doc, "type": "click", "received": record["t"]}
-                           for doc in clicked])
+            pending_impressions.append(record)
+            pending_events.extend({"request_id": rid, "doc_id": doc, "type": "click", "received": record["t"]}
+                                  for doc in clicked)
             count, clicks = count + 1, clicks + len(clicked)
+            if len(pending_impressions) >= IMPORT_CHUNK:
+                flush()
+        flush()
     finally:
         searcher.close()
         index.close()
