@@ -15,16 +15,10 @@ import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from sieve.index.layout import fsync_dir
+
 SEGMENT_BYTES = 32 * 1024 * 1024
 _SEGMENT = re.compile(r"^(?P<name>[a-z]+)-(?P<pid>\d+)-(?P<seq>\d{6})\.jsonl$")
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class AppendLog:
