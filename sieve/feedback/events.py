@@ -39,11 +39,11 @@ class FeedbackStore:
                 shown[rid] = self.recorder.shown_ids(rid)
             if shown[rid] is None:
                 raise UnknownRequest(f"events[{i}]: no answer of this server has request_id {rid!r}",
-                                     field=f"events[{i}].request_id",
+                                     field=f"events.{i}.request_id",
                                      allowed="the request_id of a /search or /rerank answer within the retention")
             if event["doc_id"] not in shown[rid]:
                 raise NotShown(f"events[{i}]: document {event['doc_id']!r} was not shown in answer {rid!r}",
-                               field=f"events[{i}].doc_id", allowed="an id among that answer's results")
+                               field=f"events.{i}.doc_id", allowed="an id among that answer's results")
 
     def append(self, events: list[dict]) -> int:
         """Validate, wait for the impressions named to be on disk, append and fsync: returns how many stored."""

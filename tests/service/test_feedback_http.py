@@ -52,19 +52,19 @@ def test_answers_carry_request_ids_and_clicks_are_stored(feedback_server):
     assert shown[b["request_id"]]["query_key"] == shown[a["request_id"]]["query_key"]
 
 
-@pytest.mark.parametrize("event, status, code", [
-    ({"request_id": "0" * 32, "doc_id": "x"}, 404, "unknown_request_id"),
-    ({"doc_id": "not-shown"}, 422, "document_not_shown"),
-    ({"doc_id": None}, 422, "validation_error"),
+@pytest.mark.parametrize("event, status, code, field", [
+    ({"request_id": "0" * 32, "doc_id": "x"}, 404, "unknown_request_id", "events.0.request_id"),
+    ({"doc_id": "not-shown"}, 422, "document_not_shown", "events.0.doc_id"),
+    ({"doc_id": None}, 422, "validation_error", "events.0.doc_id"),
 ])
-def test_bad_events_are_clear_4xx(feedback_server, event, status, code):
+def test_bad_events_are_clear_4xx(feedback_server, event, status, code, field):
     srv, _ = feedback_server
     with srv.client() as c:
         answer = search(c, "baking bread", top_k=3)
         event = {"request_id": answer["request_id"], **event}
         r = c.post("/feedback", json={"events": [event]})
         assert r.status_code == status, r.text
-        assert r.json()["error"]["code"] == code
+        assert (r.json()["error"]["code"], r.json()["error"]["field"]) == (code, field)  # paths as documented
 
 
 def test_oversized_batch_is_413(feedback_server):
