@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -42,16 +41,11 @@ import httpx  # noqa: E402
 
 import sieve.stages  # noqa: E402,F401 (registers the core stages: hybrid, cmc)
 
+from benchmarks.overhead import free_port, wait_ready  # noqa: E402
 from sieve.evaluation.backends import HttpBackend  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
 from sieve.evaluation.metrics import ndcg_at_k  # noqa: E402
 from sieve.evaluation.runner import EvalConfig, collect, pipeline  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Served:
@@ -66,17 +60,7 @@ class Served:
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "sieve.cli", "serve"], cwd=REPO, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("server not ready")
+        wait_ready(self.proc, self.url, log, 900)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -77,17 +77,22 @@ def start(side: Side, index: Path, log: Path, timeout_s: float = 900) -> None:
             env["SIEVE_WORKERS"] = str(side.workers)
     side.proc = subprocess.Popen(cmd, cwd=side.tree, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                  start_new_session=True)
+    wait_ready(side.proc, side.url, log, timeout_s, side.name)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout_s: float, name: str = "server") -> None:
+    """Until `url`/readyz answers 200; the log's tail in the error when the process exits or the time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if side.proc.poll() is not None:
-            raise RuntimeError(f"{side.name} exited:\n{log.read_text()[-3000:]}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{side.url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"{side.name} not ready in {timeout_s} s")
+    raise RuntimeError(f"{name} not ready in {timeout_s} s")
 
 
 def stop(side: Side) -> None:
