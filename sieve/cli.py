@@ -317,14 +317,14 @@ def run_server(settings: Settings) -> None:
 
     components = load_components(settings)
     app = create_app(settings, loader=lambda _: components)
-    from sieve.service.connections import bounded_h11
+    from sieve.service.connections import bounded_protocol
 
-    # h11, not httptools: only h11 bounds the size of request line + headers (httptools buffers any size); ours
-    # also bounds the time they may take
+    # httptools (C parser) where installed; the protocol bounds the size and time of request line + headers
     # on SIGTERM, requests in flight finish within their deadline (partial answers); this bounds the wait anyway
     grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
     rejected = app.state.metrics.rejected
-    protocol = bounded_h11(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc())
+    protocol = bounded_protocol(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc(),
+                                settings.http_parser)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 http=protocol, h11_max_incomplete_event_size=settings.max_header_bytes,
                 timeout_graceful_shutdown=grace_s)

@@ -19,6 +19,7 @@ from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
 from sieve.service.docs_ui import serve_docs
 from sieve.service.errors import install_error_handlers, route_template
+from sieve.service.fast_search import FastSearch
 from sieve.service.feedback_service import FeedbackService
 from sieve.service.metrics import Metrics
 from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
@@ -201,6 +202,8 @@ def create_app(settings: Settings | None = None,
     app.include_router(routes_feedback.router)
     if not settings.keys():
         document_optional_auth(app)
+    if settings.fast_search:  # innermost: after the limits, before FastAPI's routing (service/fast_search.py)
+        app.add_middleware(FastSearch, fastapi=app, threads=max(40, settings.max_inflight + 8))
     app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
@@ -212,8 +215,9 @@ def create_app(settings: Settings | None = None,
 
 def worker_app():
     """The app of one worker (a uvicorn factory): settings from the environment the supervisor set up."""
-    from sieve.service.connections import BoundedH11Protocol
+    from sieve.service import connections
 
     settings = Settings()
-    BoundedH11Protocol.header_timeout_s = settings.header_timeout_s  # the class uvicorn was handed by name
+    # the class uvicorn was handed by name (service/supervisor.py)
+    getattr(connections, connections.protocol_name(settings.http_parser)).header_timeout_s = settings.header_timeout_s
     return create_app(settings)

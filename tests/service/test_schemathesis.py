@@ -27,7 +27,7 @@ from sieve.pipeline.searcher import Searcher
 from sieve.service.app import create_app
 from sieve.service.components import Components
 from sieve.service.config import Settings
-from sieve.service.connections import bounded_h11
+from sieve.service.connections import bounded_protocol
 from sieve.service.runtime import searcher_options
 from tests.conftest import DEMO_CORPUS
 from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
@@ -78,7 +78,7 @@ def fake_server(tmp_path_factory):
     app = create_app(app_settings, loader=loader)
     rejected = app.state.metrics.rejected
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
-                                           http=bounded_h11(10, lambda reason: rejected.labels(reason=reason).inc()),
+                                           http=bounded_protocol(10, lambda reason: rejected.labels(reason=reason).inc()),
                                            h11_max_incomplete_event_size=app_settings.max_header_bytes))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,0 +1,155 @@
+"""SIEVE_FAST_SEARCH: POST /search answered past FastAPI gives what FastAPI gives. The same requests (valid and
+invalid bodies, content types, limits the handler checks, API keys, a rate limit) go to two apps over the same index
+and tiny models, one with the fast path and one without: status, headers and bodies must be identical (request_id
+and timings_ms aside), the metrics must count the same, and the fast path must have answered every valid body."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sieve.index import SearchIndex, build_index, read_beir_corpus
+from sieve.models.cmc_checkpoint import untrained_cmc
+from sieve.pipeline.searcher import Searcher
+from sieve.service.app import create_app
+from sieve.service.components import Components
+from sieve.service.config import Settings
+from sieve.service.fast_search import FastSearch
+from sieve.service.protection import RateLimiter
+from sieve.service.runtime import searcher_options
+from tests.conftest import DEMO_CORPUS
+from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
+
+KEY = "fast-path-key-0123456789"
+JSON = {"content-type": "application/json"}
+BODIES = [
+    # valid: answered by the fast path
+    '{"query": "bread"}', '{"query": "bread", "top_k": 3}', '{"query": "bread", "top_k": 3, "return_documents": true}',
+    '{"query": "bread", "rerank": "none", "top_k": 2}', '{"query": "volcanoes", "retriever": "bm25"}',
+    '{"query": "volcanoes", "retriever": "be", "rerank": "cmc", "cmc_k": 4}', '{"query": "bread", "timeout_ms": 5000}',
+    '{"query": "bread", "cross_encoder": true, "top_k": 4}', '{"query": "bread", "cross_encoder": false}',
+    '{"query": "b\\u00e4ckerei \\u2603 \\ud83c\\udf5e"}', '  {"query": "bread"}  \n', '{"query": "a", "query": "bread"}',
+    '{"query": "bread", "retrieve_k": 7, "top_k": 7}', '{"query": "bread", "timeout_ms": null, "rerank": null}',
+    # valid JSON for the schema, refused by the handler (4xx from the same code either way)
+    '{"query": "bread", "top_k": 1000}', '{"query": "bread", "retrieve_k": 100000}',
+    '{"query": "bread", "top_k": 20, "retrieve_k": 10}', '{"query": "bread", "retriever": "nope"}',
+    '{"query": "bread", "rerank": "nope"}', '{"query": "bread", "ce_model": "ce_late", "cross_encoder": true}',
+    # invalid: FastAPI answers them
+    '', 'not json', '{"query": 1}', '{"top_k": 2}', '{}', '[1, 2]', '"bread"', 'null',
+    '{"query": "bread", "extra": 1}', '{"query": "bread", "top_k": "2"}', '{"query": "bread", "top_k": 2.0}',
+    '{"query": "bread", "top_k": 0}', '{"query": "bread", "top_k": true}', '{"query": "bread", "timeout_ms": 0}',
+    '{"query": "bread", "timeout_ms": 600001}', '{"query": "bread"', '{"query": "bread"} x', '{"query": ""}',
+    '{"query": "\\ud800"}', '{"query": "bread", "timeout_ms": NaN}', '{"query": "bread", "top_k": 1e2}',
+    '{"query": "bread", "top_k": ' + "9" * 5000 + "}", '{"query": "' + "a" * 10_001 + '"}',
+    '{"query": "bread", "retriever": "a b"}', '{"query": "bread", "return_documents": "yes"}',
+    "[" * 300 + "]" * 300, '{"query": "bread", "cmc_k": -1, "top_k": -1}',
+]
+RAW_BODIES = [b'{"query": "\xff\xfe"}', b"\xef\xbb\xbf" + b'{"query": "bread"}', '{"query": "bread"}'.encode("utf-16")]
+CONTENT_TYPES = [{"content-type": "text/plain"}, {}, {"content-type": "application/json; charset=utf-8"},
+                 {"content-type": "Application/JSON"}, {"content-type": "application/vnd.api+json"},
+                 {"content-type": "application/json; charset=latin-1"}]
+
+
+@pytest.fixture(scope="module")
+def fake_components(tmp_path_factory):
+    tokenizer = packaged_tokenizer()
+    biencoder, cross_encoder = tiny_biencoder(tokenizer), tiny_cross_encoder(tokenizer)
+    index_dir = tmp_path_factory.mktemp("fast-index")
+    build_index(read_beir_corpus(DEMO_CORPUS), biencoder, index_dir, progress=False)
+
+    def loader(s: Settings) -> Components:
+        cmc = untrained_cmc(biencoder, share_query_tower=True)
+        return Components(Searcher(biencoder, SearchIndex.load(index_dir), cmc, cross_encoder, **searcher_options(s)),
+                          "cpu")
+    return index_dir, loader
+
+
+def pair(fake_components, **extra):
+    index_dir, loader = fake_components
+    settings = [Settings(_env_file=None, index_dir=index_dir, model_name="tiny-bert", max_retrieve_k=1000,
+                         max_top_k=100, write_batch_wait_ms=0, fast_search=fast, **extra) for fast in (True, False)]
+    return [TestClient(create_app(s, loader=loader)) for s in settings]
+
+
+def fast_path_of(client: TestClient) -> FastSearch | None:
+    node = client.app.middleware_stack
+    while node is not None and not isinstance(node, FastSearch):
+        node = getattr(node, "app", None)
+    return node
+
+
+def comparable(response) -> tuple:
+    headers = {k: v for k, v in response.headers.items() if k != "content-length"}
+    try:
+        body = response.json()
+    except ValueError:
+        return response.status_code, headers, response.content
+    if isinstance(body, dict):
+        body.pop("request_id", None)
+        body.pop("timings_ms", None)
+    return response.status_code, headers, body
+
+
+def requests_total(client: TestClient) -> dict:
+    lines = client.get("/metrics").text.splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+            if re.match(r"sieve_(requests_total|rejected_total)\{", line)}
+
+
+def same_answers(fast: TestClient, slow: TestClient, requests: list[tuple[bytes, dict]]) -> list[int]:
+    statuses = []
+    for body, headers in requests:
+        got, want = fast.post("/search", content=body, headers=headers), slow.post("/search", content=body,
+                                                                                  headers=headers)
+        assert comparable(got) == comparable(want), (body[:200], headers)
+        statuses.append(got.status_code)
+    return statuses
+
+
+def test_fast_path_answers_as_fastapi_does(fake_components):
+    fast, slow = pair(fake_components)
+    with fast, slow:
+        taken = fast_path_of(fast)
+        assert taken is not None and fast_path_of(slow) is None
+        requests = [(b.encode(), JSON) for b in BODIES] + [(b, JSON) for b in RAW_BODIES]
+        requests += [(b'{"query": "bread", "top_k": 2}', h) for h in CONTENT_TYPES]
+        requests += [(b'{"query": "bread"}', {**JSON, "cache-control": "no-cache"})] * 2  # stored, then fresh
+        statuses = same_answers(fast, slow, requests)
+        assert statuses.count(200) >= 16 and {400, 422} <= set(statuses), statuses
+        valid = sum(1 for body, headers in requests if headers.get("content-type", "").lower() in
+                    ("application/json", "application/json; charset=utf-8") and accepted(body))
+        assert taken.answered == valid, (taken.answered, valid)
+        assert requests_total(fast) == requests_total(slow)
+        assert fast.get("/openapi.json").json() == slow.get("/openapi.json").json()
+        other = fast.post("/search/", content=b'{"query": "bread"}', headers=JSON)  # not the fast path's route
+        assert other.status_code == 404 and taken.answered == valid
+
+
+def accepted(body: bytes) -> bool:
+    from sieve.service.schemas import SearchRequest
+
+    try:
+        SearchRequest.model_validate_json(body)
+    except ValueError:
+        return False
+    return True
+
+
+def test_fast_path_guards_as_fastapi_does(fake_components):
+    """API keys and a rate limit (a clock that stands still, so both apps' buckets hold the same tokens)."""
+    fast, slow = pair(fake_components, api_keys=KEY, rate_limit_per_s=0.5, rate_limit_burst=3)
+    with fast, slow:
+        for client in (fast, slow):
+            client.app.state.limiter = RateLimiter(0.5, 3, clock=lambda: 1000.0)
+        ok = {**JSON, "authorization": f"Bearer {KEY}"}
+        requests = [(b'{"query": "bread"}', JSON), (b'{"query": "bread"}', {**JSON, "authorization": "Bearer wrong"}),
+                    (b'{"query": "bread"}', {**JSON, "authorization": KEY}),
+                    (b'{"query": "bread"}', {**JSON, "authorization": f"bearer   {KEY}  "}),
+                    (b'{"query": 1}', JSON), (b'{"query": 1}', ok), (b"not json", {**JSON, "authorization": "x"})]
+        requests += [(b'{"query": "bread", "top_k": 2}', ok)] * 4  # the burst of 3 spent: 429 with Retry-After
+        statuses = same_answers(fast, slow, requests)
+        assert {200, 401, 422, 429} <= set(statuses), statuses
+        assert requests_total(fast) == requests_total(slow)
+        assert fast_path_of(fast).answered > 0
