@@ -71,7 +71,7 @@ def by_thread(before: dict[str, int], after: dict[str, int], n: int) -> dict[str
     groups: collections.Counter = collections.Counter()
     for tid, ticks in after.items():
         name = names.get(tid, "native (OpenMP, tokenizers)")
-        name = "request threads" if name.startswith(("AnyIO", "Thread-")) else name.split(":")[0]
+        name = "request threads" if name.startswith(("AnyIO", "Thread-", "search_")) else name.split(":")[0]
         groups[name] += ticks - before.get(tid, 0)
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     return {k: round(v * tick_ms / n, 3) for k, v in groups.most_common() if v}

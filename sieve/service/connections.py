@@ -89,6 +89,7 @@ class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
     parser would buffer any size."""
     head_pending = True  # between the end of one request (or the connection's start) and the end of the next's headers
     head_bytes = 0
+    requests_read = 0  # requests whose body has been read to the end on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -97,9 +98,12 @@ class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
     def data_received(self, data: bytes) -> None:
         if self.lingering:  # after an answer that closes the connection: dropped
             return
+        requests_before = self.requests_read
         super().data_received(data)
         if self.head_pending and not self.lingering:
-            self.head_bytes += len(data)
+            # a request that ended in this read: the next one's head is some tail of it, not counted (at most one read
+            # of bytes goes uncounted; h11's own bound is as coarse)
+            self.head_bytes += len(data) if self.requests_read == requests_before else 0
             limit = self.config.h11_max_incomplete_event_size
             if limit is not None and self.head_bytes > limit:
                 self.refuse(too_large=True)
@@ -121,7 +125,7 @@ class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self.head_pending = True
+        self.head_pending, self.requests_read = True, self.requests_read + 1
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
