@@ -19,10 +19,10 @@ from sieve.service.components import Components, load_components
 from sieve.service.config import Settings
 from sieve.service.docs_ui import serve_docs
 from sieve.service.errors import install_error_handlers, route_template
-from sieve.service.fast_search import FastSearch
+from sieve.service.fast_search import FastSearch, SieveAPI
 from sieve.service.feedback_service import FeedbackService
 from sieve.service.metrics import Metrics
-from sieve.service.protection import (Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
+from sieve.service.protection import (Admission, Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
 from sieve.service.qdrant_service import QdrantUpdater
 from sieve.service.routes import router
@@ -67,17 +67,18 @@ class RequestCounter:
         try:
             await self.app(scope, receiving, sending)
         finally:
-            self.count(scope, "client_closed" if gone and status == "500" else status, started)
+            count_request(self.fastapi, scope, "client_closed" if gone and status == "500" else status, started)
 
-    def count(self, scope, status: str, started: float) -> None:
-        # the route template, never the raw URL; a request answered before routing (a mid-body hang-up, a limit)
-        # is matched here, so it is counted under the endpoint it was sent to
-        endpoint = getattr(scope.get("route"), "path", None) or route_template(self.fastapi, scope) or "unmatched"
-        metrics = self.fastapi.state.metrics
-        metrics.child(metrics.requests, endpoint, status).inc()
-        metrics.child(metrics.request_latency, endpoint).observe(time.perf_counter() - started)
-        if status == "client_closed":
-            log.info("client closed the connection before the answer: %s %s", scope["method"], scope["path"])
+
+def count_request(fastapi: FastAPI, scope, status: str, started: float, endpoint: str | None = None) -> None:
+    # the route template, never the raw URL; a request answered before routing (a mid-body hang-up, a limit)
+    # is matched here, so it is counted under the endpoint it was sent to
+    endpoint = endpoint or getattr(scope.get("route"), "path", None) or route_template(fastapi, scope) or "unmatched"
+    metrics = fastapi.state.metrics
+    metrics.child(metrics.requests, endpoint, status).inc()
+    metrics.child(metrics.request_latency, endpoint).observe(time.perf_counter() - started)
+    if status == "client_closed":
+        log.info("client closed the connection before the answer: %s %s", scope["method"], scope["path"])
 
 
 def fingerprint(components: Components, settings: Settings) -> str:
@@ -190,7 +191,7 @@ def create_app(settings: Settings | None = None,
 
     # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
     # match exactly (POST /search/ is a JSON 404 naming /search, not a 307 with an empty body)
-    app = FastAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+    app = SieveAPI(title="Sieve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
                   redoc_url=None, redirect_slashes=False)
     serve_docs(app)
     app.state.settings = settings
@@ -202,13 +203,13 @@ def create_app(settings: Settings | None = None,
     app.include_router(routes_feedback.router)
     if not settings.keys():
         document_optional_auth(app)
-    if settings.fast_search:  # innermost: after the limits, before FastAPI's routing (service/fast_search.py)
-        app.add_middleware(FastSearch, fastapi=app, threads=max(40, settings.max_inflight + 8))
-    app.add_middleware(InflightLimit, limit=settings.max_inflight, metrics=app.state.metrics,
-                       body_timeout_s=settings.body_timeout_s)
+    app.state.admission = Admission(settings.max_inflight, app.state.metrics, settings.body_timeout_s)
+    app.add_middleware(InflightLimit, admission=app.state.admission)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=app.state.metrics)
     app.add_middleware(HeaderLimit, limit=settings.max_header_bytes, metrics=app.state.metrics)
     app.add_middleware(RequestCounter, fastapi=app)  # outermost: counts every answer, the limits' included
+    if settings.fast_search:  # POST /search in front of all of the above (service/fast_search.py)
+        app.fast_search = FastSearch(app, settings, count_request)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return app
 

@@ -1,71 +1,117 @@
-"""POST /search without FastAPI's per-request machinery (SIEVE_FAST_SEARCH, on by default).
+"""POST /search without the per-request machinery of FastAPI and the middleware stack (SIEVE_FAST_SEARCH, on by
+default): about a third of the event loop's work per /search on 2 shared cores (docs/benchmarks.md).
 
-An ASGI middleware, innermost: the limits (headers, body, in-flight, hang-up watcher) have run and the body has been
-read. It takes a body that is valid JSON for schemas.SearchRequest, sent as application/json, and does what
-FastAPI's route would: the guard (API key, rate limit), the same handler (routes.search) in a worker thread, the
-handlers' error answers for what that raises. Validation is pydantic's, straight from the bytes
-(`model_validate_json`, no json.loads and dict in between) and routing is one comparison, so what FastAPI spends per
-request (route matching, body parsing, dependency resolution, its exception and exit-stack wrappers) is not spent.
+SieveAPI (the app create_app returns) hands POST /search to FastSearch before anything else runs. FastSearch does,
+in one coroutine, what the stack does for an ordinary /search: the header and body size limits (it takes only a
+request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers within SIEVE_MAX_HEADER_BYTES and an
+application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the in-flight bound (the app's one Admission,
+service/protection.py), the hang-up watcher, validation of schemas.SearchRequest straight from the bytes
+(`model_validate_json`), the guard (API key, rate limit), the same handler (routes.search) in a worker thread, the
+app's own error handlers for what that raises (a 500 as the error middleware answers it), and the request counted
+under /search as RequestCounter counts it.
 
-Anything else goes to FastAPI untouched, the body replayed: other routes and methods, another content type, and every
-body this path does not accept, so each 400/422 is FastAPI's own answer. The route stays declared in FastAPI (the
-OpenAPI schema and /docs do not change). tests/service/test_fast_search.py sends the same bodies both ways."""
+Everything else goes through the full stack untouched, the body replayed when it was read: other routes and methods,
+a request outside the limits, another content type, and every body this lane does not accept as valid, so each
+400/422 is FastAPI's own answer. The route stays declared in FastAPI (the OpenAPI schema and /docs do not change).
+tests/service/test_fast_search.py sends the same requests both ways."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from sieve.service import routes
-from sieve.service.errors import leaf_routes
-from sieve.service.protection import replay
+from sieve.service.protection import header_bytes, replay, watch
 from sieve.service.schemas import SearchRequest
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8")
 validate = SearchRequest.model_validate_json
 
 
-class FastSearch:
-    def __init__(self, app: ASGIApp, fastapi, threads: int):
-        self.app, self.fastapi = app, fastapi
-        self.route = next(r for r in leaf_routes(fastapi.router.routes)
-                          if getattr(r, "path", None) == "/search" and "POST" in getattr(r, "methods", ()))
-        # the handler's thread: a plain executor is a cheaper hop than anyio's (no capacity limiter, no task group);
-        # `threads` holds every request InflightLimit admits, as the anyio pool does (app.py)
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="search")
-        self.answered = 0  # requests this path answered itself (tests check it is taken)
+class SieveAPI(FastAPI):
+    """FastAPI, with POST /search answered by `fast_search` when set (SIEVE_FAST_SEARCH)."""
+    fast_search: "FastSearch | None" = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/search" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        messages, body = [], b""
-        while True:  # the body InflightLimit read, handed out again (or the hang-up)
-            message = await receive()
-            messages.append(message)
-            body += message.get("body", b"")
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-        headers = scope["headers"]
-        content_type = authorization = None
-        for name, value in headers:
-            if name == b"content-type" and content_type is None:
+        fast = self.fast_search
+        if fast is not None and scope["type"] == "http" and scope["path"] == "/search" and scope["method"] == "POST" \
+                and not self.root_path:
+            scope["app"] = self
+            return await fast(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
+class FastSearch:
+    def __init__(self, app: SieveAPI, settings, count):
+        """`count(app, scope, status, started, endpoint)`: RequestCounter's counting (service/app.py)."""
+        self.fastapi, self.count = app, count
+        self.max_header_bytes, self.max_body_bytes = settings.max_header_bytes, settings.max_body_bytes
+        # the handler's thread: a plain executor is a cheaper hop than anyio's (no capacity limiter, no task group);
+        # it holds every request the Admission lets in, as the anyio pool does (app.py)
+        self.pool = ThreadPoolExecutor(max(40, settings.max_inflight + 8), thread_name_prefix="search")
+        self.answered = 0  # requests this lane answered itself (tests check that it is taken)
+
+    def full_stack(self, scope: Scope, receive: Receive, send: Send):
+        return FastAPI.__call__(self.fastapi, scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        length = content_type = authorization = None
+        lengths = 0
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length, lengths = value, lengths + 1
+            elif name == b"content-type" and content_type is None:
                 content_type = value
             elif name == b"authorization" and authorization is None:
                 authorization = value
-        if messages[-1]["type"] != "http.request" or content_type is None or content_type.lower() not in JSON_TYPES:
-            return await self.app(scope, replay(messages, receive), send)
-        try:
-            search = validate(body)
-        except (ValidationError, ValueError):  # FastAPI answers it, in its own words
-            return await self.app(scope, replay(messages, receive), send)
-        scope["route"], scope["endpoint"] = self.route, self.route.endpoint  # for RequestCounter's label
-        self.answered += 1
-        request = Request(scope, receive)
+        if lengths != 1 or not length.isdigit() or int(length) > self.max_body_bytes or content_type is None \
+                or content_type.lower() not in JSON_TYPES or header_bytes(scope) > self.max_header_bytes:
+            return await self.full_stack(scope, receive, send)
         state = self.fastapi.state
+        admission, status = state.admission, None
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start" and status is None:
+                status = "client_closed" if cancelled.is_set() else str(message["status"])
+            await send(message)
+
+        cancelled = threading.Event()
+        messages = await admission.read(scope, receive, sending)  # 408, 400 (nesting) answered there
+        if messages is None:
+            return self.count(self.fastapi, scope, status or "client_closed", started, "/search")
+        try:
+            search = validate(b"".join(m.get("body", b"") for m in messages))
+        except (ValidationError, ValueError):  # FastAPI answers it, in its own words
+            return await self.full_stack(scope, replay(messages, receive), send)
+        self.answered += 1
+        try:
+            if await admission.full(scope, receive, sending):
+                return
+            admission.enter()
+            scope.setdefault("state", {})["cancelled"] = cancelled
+            watcher = asyncio.get_running_loop().create_task(watch(receive, cancelled))
+            try:
+                await self.answer(search, authorization, scope, receive, sending)
+            finally:
+                admission.leave()
+                watcher.cancel()
+                if watcher.done() and not watcher.cancelled():
+                    watcher.exception()  # a receive that failed: the connection is gone, nothing to answer
+        finally:
+            self.count(self.fastapi, scope, status or "500", started, "/search")
+
+    async def answer(self, search: SearchRequest, authorization: bytes | None, scope: Scope, receive: Receive,
+                     send: Send) -> None:
+        request, state = Request(scope, receive), self.fastapi.state
         try:
             header = authorization.decode("latin-1") if authorization is not None else None
             address = scope["client"][0] if scope.get("client") else "anonymous"
@@ -78,9 +124,11 @@ class FastSearch:
                                             state.metrics, state.caches)
         except Exception as exc:
             handler = self.handler(exc)
-            if handler is None:
-                raise  # a 500, answered by the error middleware outside, as for FastAPI's route
-            response = await handler(request, exc)
+            if handler is not None:
+                response = await handler(request, exc)
+            else:  # as Starlette's error middleware: the 500 answer, then the exception on to the server's log
+                await (await self.fastapi.exception_handlers[Exception](request, exc))(scope, receive, send)
+                raise
         await response(scope, receive, send)
 
     async def in_thread(self, fn, *args):
@@ -96,4 +144,3 @@ class FastSearch:
             if kind in handlers:
                 return handlers[kind]
         return None
-

@@ -12,7 +12,6 @@ import threading
 import time
 from collections import OrderedDict
 
-import anyio
 import pydantic_core
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -137,46 +136,76 @@ class RateLimiter:
             raise RateLimited(wait)
 
 
-class InflightLimit:
-    """ASGI middleware: past `limit` work requests in progress, answer 429 at once instead of queueing. A request
-    counts only once its whole body is here: the body must arrive within `body_timeout_s` (else 408 and the
-    connection closed), so clients that send a byte and go quiet hold no slot and no connection for long."""
+class Admission:
+    """Past `limit` work requests in progress, 429 at once instead of queueing. A request counts only once its whole
+    body is here: the body must arrive within `body_timeout_s` (else 408 and the connection closed), so clients that
+    send a byte and go quiet hold no slot and no connection for long. One per app: InflightLimit and the /search
+    fast lane (service/fast_search.py) share its count."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics, body_timeout_s: float = 30.0):
-        self.app, self.limit, self.metrics, self.body_timeout_s = app, limit, metrics, body_timeout_s
+    def __init__(self, limit: int, metrics: Metrics, body_timeout_s: float = 30.0):
+        self.limit, self.metrics, self.body_timeout_s = limit, metrics, body_timeout_s
         self.count = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(WORK_PREFIXES):
-            return await self.app(scope, receive, send)
+    async def read(self, scope: Scope, receive: Receive, send: Send) -> list[dict] | None:
+        """The body's messages, or None when the request was answered here (408, 413, 400 nesting) or its client left."""
         try:
-            with anyio.fail_after(self.body_timeout_s):
+            async with asyncio.timeout(self.body_timeout_s):  # asyncio's own: anyio's fail_after costs more per call
                 messages = await read_body(receive)
         except TimeoutError:
             self.metrics.rejected.labels(reason="slow_body").inc()
             response = error_body(408, "body_timeout", f"the request body did not arrive within {self.body_timeout_s:g} s",
                                   allowed="a body sent without pauses (SIEVE_BODY_TIMEOUT_S)", headers={"Connection": "close"})
-            return await response(scope, receive, send)
+            await response(scope, receive, send)
+            return None
         except BodyTooLarge as exc:
-            return await error_body(413, "body_too_large", str(exc.detail))(scope, receive, send)
+            await error_body(413, "body_too_large", str(exc.detail))(scope, receive, send)
+            return None
         if messages[-1]["type"] == "http.disconnect":
-            return  # the client left: nobody to answer
+            return None  # the client left: nobody to answer
         if nested_too_deeply(messages):
-            return await malformed_json(f"the request body is nested more than {MAX_NESTING} levels deep")(
-                scope, receive, send)
-        if self.count >= self.limit:
-            self.metrics.rejected.labels(reason="overloaded").inc()
-            response = error_body(429, "overloaded", f"more than {self.limit} requests in progress; retry shortly",
-                                  allowed="fewer concurrent requests (SIEVE_MAX_INFLIGHT)")
-            response.headers["Retry-After"] = "1"
-            return await response(scope, receive, send)
+            await malformed_json(f"the request body is nested more than {MAX_NESTING} levels deep")(scope, receive, send)
+            return None
+        return messages
+
+    async def full(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Whether the limit is reached (then answered 429 here)."""
+        if self.count < self.limit:
+            return False
+        self.metrics.rejected.labels(reason="overloaded").inc()
+        response = error_body(429, "overloaded", f"more than {self.limit} requests in progress; retry shortly",
+                              allowed="fewer concurrent requests (SIEVE_MAX_INFLIGHT)")
+        response.headers["Retry-After"] = "1"
+        await response(scope, receive, send)
+        return True
+
+    def enter(self) -> None:
         self.count += 1  # one event loop: no lock needed
         self.metrics.inflight.set(self.count)
+
+    def leave(self) -> None:
+        self.count -= 1
+        self.metrics.inflight.set(self.count)
+
+
+class InflightLimit:
+    """ASGI middleware: the Admission of every work request (read the body, bound the requests in progress), then
+    the request runs watched for a hang-up."""
+
+    def __init__(self, app: ASGIApp, admission: Admission):
+        self.app, self.admission = app, admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(WORK_PREFIXES):
+            return await self.app(scope, receive, send)
+        admission = self.admission
+        messages = await admission.read(scope, receive, send)
+        if messages is None or await admission.full(scope, receive, send):
+            return
+        admission.enter()
         try:
             await watched(self.app, scope, messages, receive, send)
         finally:
-            self.count -= 1
-            self.metrics.inflight.set(self.count)
+            admission.leave()
 
 
 async def watched(app: ASGIApp, scope: Scope, body: list[dict], receive: Receive, send: Send) -> None:
@@ -188,23 +217,26 @@ async def watched(app: ASGIApp, scope: Scope, body: list[dict], receive: Receive
     cancelled, gone = threading.Event(), asyncio.Event()
     scope.setdefault("state", {})["cancelled"] = cancelled
 
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        cancelled.set()
-        gone.set()
-
     async def after_body() -> dict:
         await gone.wait()
         return {"type": "http.disconnect"}
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    watcher = asyncio.get_running_loop().create_task(watch(receive, cancelled, gone))
     try:
         await app(scope, replay(body, after_body), send)
     finally:
         watcher.cancel()
         if watcher.done() and not watcher.cancelled():
             watcher.exception()  # a receive that failed: the connection is gone, nothing to answer
+
+
+async def watch(receive: Receive, cancelled: threading.Event, gone: asyncio.Event | None = None) -> None:
+    """Sets `cancelled` (and `gone`) once the client hangs up."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    cancelled.set()
+    if gone is not None:
+        gone.set()
 
 
 async def read_body(receive: Receive) -> list[dict]:

@@ -69,15 +69,13 @@ def fake_components(tmp_path_factory):
 def pair(fake_components, **extra):
     index_dir, loader = fake_components
     settings = [Settings(_env_file=None, index_dir=index_dir, model_name="tiny-bert", max_retrieve_k=1000,
-                         max_top_k=100, write_batch_wait_ms=0, fast_search=fast, **extra) for fast in (True, False)]
+                         max_top_k=100, write_batch_wait_ms=0, max_body_bytes=8192, max_header_bytes=4096,
+                         fast_search=fast, **extra) for fast in (True, False)]
     return [TestClient(create_app(s, loader=loader)) for s in settings]
 
 
 def fast_path_of(client: TestClient) -> FastSearch | None:
-    node = client.app.middleware_stack
-    while node is not None and not isinstance(node, FastSearch):
-        node = getattr(node, "app", None)
-    return node
+    return client.app.fast_search
 
 
 def comparable(response) -> tuple:
@@ -116,10 +114,17 @@ def test_fast_path_answers_as_fastapi_does(fake_components):
         requests = [(b.encode(), JSON) for b in BODIES] + [(b, JSON) for b in RAW_BODIES]
         requests += [(b'{"query": "bread", "top_k": 2}', h) for h in CONTENT_TYPES]
         requests += [(b'{"query": "bread"}', {**JSON, "cache-control": "no-cache"})] * 2  # stored, then fresh
+        requests += [(b'{"query": "bread"}', {**JSON, "x-pad": "x" * 5000}),  # past SIEVE_MAX_HEADER_BYTES: 400
+                     (b'{"query": "bread", "x": "' + b"y" * 9000 + b'"}', JSON),  # past SIEVE_MAX_BODY_BYTES: 413
+                     (b'{"query": "bread"}', {**JSON, "content-length": "x"})]
         statuses = same_answers(fast, slow, requests)
-        assert statuses.count(200) >= 16 and {400, 422} <= set(statuses), statuses
+        assert statuses.count(200) >= 16 and {400, 413, 422} <= set(statuses), statuses
+        chunked = [client.post("/search", content=iter([b'{"query": ', b'"bread"}']), headers=JSON)  # no length
+                   for client in (fast, slow)]
+        assert comparable(chunked[0]) == comparable(chunked[1]) and chunked[0].status_code == 200
         valid = sum(1 for body, headers in requests if headers.get("content-type", "").lower() in
-                    ("application/json", "application/json; charset=utf-8") and accepted(body))
+                    ("application/json", "application/json; charset=utf-8") and accepted(body)
+                    and len(body) <= 8192 and "x-pad" not in headers and "content-length" not in headers)
         assert taken.answered == valid, (taken.answered, valid)
         assert requests_total(fast) == requests_total(slow)
         assert fast.get("/openapi.json").json() == slow.get("/openapi.json").json()
