@@ -84,6 +84,41 @@ class Bounded:
             self.transport.close()
 
 
+class OneWrite:
+    """The transport of one request/response cycle as uvicorn's httptools cycle sees it: the response's status line
+    and headers are held until its first body bytes, and both go out in one write (one send() to the socket
+    instead of two: on loopback each costs the receiver's side of TCP too). Held bytes are written on anything
+    else the cycle does with the transport (close, any other call). uvicorn writes every body message, an empty one
+    too, so the head never waits past the first; a HEAD answer has no body message and is not held."""
+    __slots__ = ("transport", "cycle", "held")
+
+    def __init__(self, transport: asyncio.Transport, cycle):
+        self.transport, self.cycle, self.held = transport, cycle, None
+
+    def write(self, data: bytes) -> None:
+        cycle = self.cycle
+        if self.held is None and cycle.response_started and not cycle.response_complete \
+                and cycle.scope["method"] != "HEAD" and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n"):
+            self.held = data  # the head, written by the cycle just after it marked the response started
+            return
+        if self.held is not None:
+            data, self.held = self.held + data, None
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        if self.held is not None:
+            data, self.held = self.held, None
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str):
+        self.flush()
+        return getattr(self.transport, name)
+
+
 class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
     """httptools (C) parses; the bytes of a request line and headers still incomplete are counted here, since the
     parser would buffer any size."""
@@ -123,6 +158,8 @@ class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
         self.head_pending, self.head_bytes = False, 0
         self.disarm_header_timer()  # a request's headers are in: the body has SIEVE_BODY_TIMEOUT_S
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = OneWrite(self.transport, self.cycle)
 
     def on_message_complete(self) -> None:
         self.head_pending, self.requests_read = True, self.requests_read + 1
