@@ -1,4 +1,4 @@
-"""Schemathesis against the OpenAPI schema, over real HTTP (uvicorn in a thread, with the production h11 protocol)
+"""Schemathesis against the OpenAPI schema, over real HTTP (uvicorn in a thread, with the production protocol: httptools)
 with tiny random models in the real runtimes: no 5xx, every response matches the documented status codes, content
 types and schemas, every error is a JSON body with the documented `code` (and `field` where the request is at
 fault: every 400 and 422), and no 2xx for an input the schema forbids. Beyond schemathesis's own generation
