@@ -112,15 +112,12 @@ class ClickMemory:
 
     def boost(self, key: str, ids) -> np.ndarray:
         """w_q f(key, id) + w_d f(id) for each id (0 without evidence): dict look-ups only."""
-        pair = self.pairs.get(key)
-        out = np.zeros(len(ids), np.float64)
-        if pair is None and not self.docs:
-            return out
-        pair = pair or {}
-        docs, wq, wd = self.docs, self.w_query, self.w_doc
-        for i, doc in enumerate(ids):
-            out[i] = wq * pair.get(doc, 0.0) + wd * docs.get(doc, 0.0)
-        return out
+        pair, docs, wq, wd = self.pairs.get(key), self.docs, self.w_query, self.w_doc
+        if pair is None and not docs:
+            return np.zeros(len(ids))
+        if pair is None:
+            return wd * np.array([docs.get(doc, 0.0) for doc in ids])
+        return np.array([wq * pair.get(doc, 0.0) + wd * docs.get(doc, 0.0) for doc in ids])
 
     @staticmethod
     def key_of(query: str) -> str:

@@ -355,8 +355,17 @@ def remembered(memory, query: str, cands: Candidates, index) -> Candidates:
     boost = memory.boost(memory.key_of(query), ids)
     if not boost.any():
         return cands
-    score = ranked_scores(cands.scores) + boost
+    score = answer_scores(cands.scores) + boost
     return cands.with_scores(registry.CLICKS_SCORE, score).take(np.argsort(-score, kind="stable"))
+
+
+def answer_scores(scores: dict) -> np.ndarray:
+    """The answer's `score` of each candidate: the last ranking column when its stage scored them all (sorted by
+    it already: CMC's), else ranked_scores (a cross-encoder that scored only the head)."""
+    last = [v for k, v in scores.items() if k in registry.ranking_keys()][-1]
+    if not np.isnan(last).any():
+        return last.astype(np.float64)
+    return ranked_scores(scores)
 
 
 def require_lexical_part(field: str) -> None:
