@@ -313,7 +313,10 @@ class Searcher:
         state = self.run(stages, state)
         memory = self.memory  # one read: a swap mid-request does not mix two memories
         if memory is not None and params.clicks:
-            state.candidates = remembered(memory, params.query, state.candidates, index)
+            vectors = state.query_vectors  # the one the impressions log (records.first_stage)
+            vector = vectors.get("cmc", vectors.get("be")) if memory.w_near else None
+            state.candidates = remembered(memory, params.query, state.candidates, index,
+                                          None if vector is None else vector.detach().float().cpu().numpy())
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))
         return Outcome(top, state.ran[-1], state, index.version, index=index)
@@ -346,13 +349,13 @@ class Searcher:
         return Outcome(top, state.ran[-1] if state.ran else "input", state, index.version, index=index)
 
 
-def remembered(memory, query: str, cands: Candidates, index) -> Candidates:
+def remembered(memory, query: str, cands: Candidates, index, vector=None) -> Candidates:
     """The candidates re-sorted by their answer `score` plus the click memory's boost (sieve/feedback/memory.py),
     as the score column "clicks"; unchanged where the memory knows none of them."""
     if not len(cands) or (cands.ids is None and (cands.rows < 0).any()):
         return cands
     ids = cands.ids if cands.ids is not None else index.ids(cands.rows)
-    boost = memory.boost(memory.key_of(query), ids)
+    boost = memory.boost(memory.key_of(query), ids, vector)
     if not boost.any():
         return cands
     score = answer_scores(cands.scores) + boost

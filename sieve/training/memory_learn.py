@@ -4,8 +4,9 @@ judged on held-out answers, published into the index.
 The logged /search answers are split three ways, as the CMC learner splits them (`--split`): by query (a stable
 hash of the query key: a query is on one side in every run) or by time (the latest answers held out, the latest of
 the rest validate). The memory counted from the fit answers is added to the served ranking (the served CMC's scores
-of each clicked answer's logged candidates, plus the memory served now, if any) with every (w_q, w_d, m) of the grid;
-the triple with the best mean IPS-DCG on the validation answers is kept (ties: the smaller weights; (0, 0) = nothing
+of each clicked answer's logged candidates, plus the memory served now, if any) with every (w_q, w_n, w_d, m,
+near_min) of the grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with
+the best mean IPS-DCG on the validation answers is kept (ties: the smaller weights; (0, 0) = nothing
 to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
 answers exactly as a CMC is (feedback_learn.compare / verdict: the 95% bootstrap lower bound of the IPS-DCG
 difference must be above 0, on at least `min_heldout` answers) and published only then: the memory judged is the
@@ -21,10 +22,12 @@ import numpy as np
 
 from sieve.feedback.dataset import ClickLists, Entry, build
 from sieve.feedback.memory import ClickMemory, Shown, tally
+from sieve.feedback.records import unpack
 from sieve.training.feedback_learn import compare, ips_dcg
 
-W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # x the served scores' spread (median std over a list's top 10)
-PSEUDO_GRID = (2.0, 10.0, 50.0)
+W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # x the served scores' spread (median std, top 10)
+PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0)
+NEAR_GRID = (0.8, 0.9)  # cosine from which the nearest remembered query counts
 
 
 def bucket(key: str) -> float:
@@ -60,21 +63,22 @@ class Scored:
     base: np.ndarray  # (Q, K) served scores (-inf on padding)
     ids: list[list[str | None]]
 
-    def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray]:
-        """(f(query, doc), f(doc)) per candidate, 0 without evidence."""
-        fq, fd = np.zeros(self.base.shape), np.zeros(self.base.shape)
+    def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(f(query, doc), f(nearest other query, doc), f(doc)) per candidate, 0 without evidence."""
+        fq, fn, fd = np.zeros(self.base.shape), np.zeros(self.base.shape), np.zeros(self.base.shape)
         for i, (key, ids) in enumerate(zip(self.lists.keys, self.ids)):
             pair = memory.pairs.get(key, {})
+            near = memory.nearest(key, self.lists.query_vectors[i])
             for j, doc in enumerate(ids):
                 if doc is not None:
-                    fq[i, j], fd[i, j] = pair.get(doc, 0.0), memory.docs.get(doc, 0.0)
-        return fq, fd
+                    fq[i, j], fn[i, j], fd[i, j] = pair.get(doc, 0.0), near.get(doc, 0.0), memory.docs.get(doc, 0.0)
+        return fq, fn, fd
 
     def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
         if memory is None:
             return ips_dcg(self.base, self.lists)
-        fq, fd = self.terms(memory)
-        return ips_dcg(self.base + memory.w_query * fq + memory.w_doc * fd, self.lists)
+        fq, fn, fd = self.terms(memory)
+        return ips_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
 
 
 def scored(entries: list[Entry], index, depth: int, served_scores, served_memory: ClickMemory | None) -> Scored:
@@ -83,8 +87,8 @@ def scored(entries: list[Entry], index, depth: int, served_scores, served_memory
     ids = [[None if r < 0 else d for r, d in zip(rows, index.ids(np.clip(rows, 0, None)))] for rows in lists.rows]
     out = Scored(lists, base, ids)
     if served_memory is not None:  # the ranking served now has a memory too: that is what a new one must beat
-        fq, fd = out.terms(served_memory)
-        out.base = base + served_memory.w_query * fq + served_memory.w_doc * fd
+        fq, fn, fd = out.terms(served_memory)
+        out.base = base + served_memory.w_query * fq + served_memory.w_near * fn + served_memory.w_doc * fd
     return out
 
 
@@ -95,20 +99,24 @@ def spread(s: Scored) -> float:
     return float(np.median(stds)) if stds and np.median(stds) > 0 else 1.0
 
 
-def select(fit: list[Shown], validation: Scored, props, unit: float) -> tuple[tuple[float, float, float], list]:
-    """(w_q, w_d, m) with the best mean validation IPS-DCG over the grid, and the grid's results."""
+def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: dict) -> tuple[dict, list]:
+    """The weights (w_q, w_n, w_d), m and near_min with the best mean validation IPS-DCG over the grid, and the
+    grid's best results."""
     served = float(validation.dcg().mean())
-    best, best_value, results = (0.0, 0.0, PSEUDO_GRID[0]), served, []
+    best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
+                                 "near_min": NEAR_GRID[-1]}, served, []
     tallies = tally(fit, props)
-    for m in PSEUDO_GRID:
-        fq, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m))
-        for a, b in itertools.product(W_GRID, W_GRID):
-            if not a and not b:
+    for m, near_min in itertools.product(PSEUDO_GRID, NEAR_GRID):
+        fq, fn, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, near_min=near_min,
+                                                        vectors=vectors))
+        for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
+            if not (a or b or c) or (not c and near_min != NEAR_GRID[-1]):
                 continue
-            value = float(ips_dcg(validation.base + a * unit * fq + b * unit * fd, validation.lists).mean())
-            results.append({"w_query": a * unit, "w_doc": b * unit, "pseudo": m, "validation_ips_dcg": round(value, 5)})
+            value = float(ips_dcg(validation.base + unit * (a * fq + c * fn + b * fd), validation.lists).mean())
+            choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min}
+            results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
-                best, best_value = (a * unit, b * unit, m), value
+                best, best_value = choice, value
     return best, [{"served_validation_ips_dcg": round(served, 5)}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
 
@@ -133,13 +141,15 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     if sum(bool(a.clicked) for a in parts["fit"]) < 20 or not lists["validation"]:
         report["not_installed"] = "too little feedback"
         return None, report
+    vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
     validation = scored(lists["validation"], index, cfg.depth, served_scores, served_memory)
     unit = spread(validation)
-    (wq, wd, m), grid = select(parts["fit"], validation, props, unit)
-    report.update({"score_unit": round(unit, 5), "chosen": {"w_query": wq, "w_doc": wd, "pseudo": m}, "grid": grid})
-    memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), wq, wd, m,
-                               about={"answers": len(parts["fit"]) + len(parts["validation"]),
-                                      "propensity": props.source})
+    chosen, grid = select(parts["fit"], validation, props, unit, vectors)
+    report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
+    memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
+                               chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
+                                                  "propensity": props.source},
+                               chosen["w_near"], chosen["near_min"], vectors)
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory) if lists["heldout"] else None
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
@@ -147,7 +157,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         served_dcg = held.dcg()
         report["guard"] = {**compare(held.dcg(memory) - served_dcg, cfg),
                            "served_ips_dcg": round(float(served_dcg.mean()), 5)}
-    if not (wq or wd):
+    if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
         refused = "no memory weight beat the served ranking on the validation answers"
     else:
         refused = verdict(report["guard"], 1, cfg)

@@ -81,3 +81,30 @@ def test_save_load_and_publish(tmp_path):
     assert again.version == "m000003" and again.pairs == memory.pairs and again.docs == memory.docs
     assert np.allclose(again.boost("k", ["a", "b", "c"]), memory.boost("k", ["a", "b", "c"]))
     assert again.boost("k", ["b"])[0] > 0 > again.boost("k", ["a"])[0]
+
+
+def test_nearest_remembered_query_lends_its_clicks():
+    """A query never logged whose vector is close to a remembered one's gets that query's click evidence; a far one
+    gets none."""
+    key = ClickMemory.key_of("do stars die")
+    answers = [Shown(key, ["d0", "d1", "d2", "d3", "d4", "d5"], {"d5"}) for _ in range(50)]
+    v = np.array([1.0, 0.0, 0.0], np.float32)
+    memory = ClickMemory.build(tally(answers, propensity.default()), 0.0, 0.0, 5, w_near=1.0, near_min=0.9,
+                               vectors={key: v})
+    close, far = np.array([0.95, 0.2, 0.0]), np.array([0.5, 0.8, 0.0])
+    assert memory.boost(ClickMemory.key_of("how stars end"), ["d5"], close)[0] > 0
+    assert memory.boost(ClickMemory.key_of("how stars end"), ["d5"], far)[0] == 0
+    assert memory.boost(key, ["d5"], v)[0] == 0  # its own clicks are the w_query term's (0 here), not a neighbour's
+    order = [f"d{r}" for r in remembered(memory, "how stars end", candidates(), Index(), close).rows]
+    assert order[0] == "d5"
+
+
+def test_nearest_term_survives_save_and_load(tmp_path):
+    key = ClickMemory.key_of("q")
+    memory = ClickMemory.build(tally([Shown(key, ["a", "b"], {"b"})] * 5, propensity.default()), 0.0, 0.0, 2,
+                               w_near=2.0, near_min=0.8, vectors={key: np.array([0.0, 3.0], np.float32)})
+    memory.save(tmp_path)
+    again = ClickMemory.load(tmp_path)
+    assert again.w_near == 2.0 and again.near_keys == [key]
+    probe = np.array([0.1, 1.0])
+    assert np.allclose(again.boost("other", ["a", "b"], probe), memory.boost("other", ["a", "b"], probe))
