@@ -25,9 +25,9 @@ from sieve.feedback.memory import ClickMemory, Shown, tally
 from sieve.feedback.records import unpack
 from sieve.training.feedback_learn import compare, ips_dcg
 
-W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # x the served scores' spread (median std, top 10)
-PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0)
-NEAR_GRID = (0.8, 0.9)  # cosine from which the nearest remembered query counts
+W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
+PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
+NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which the nearest remembered query counts
 
 
 def bucket(key: str) -> float:
