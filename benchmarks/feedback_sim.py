@@ -14,7 +14,10 @@ Scenarios (--scenario):
   head         sessions over --head train queries repeated; evaluated on those queries' own qrels
 The full-information ceiling (--ceiling): the same learner (feedback_cli.learn_lists, same lists, splits and
 training) with the train split's qrels as targets instead of clicks, published regardless of the guard (it is a
-ceiling, not a deployment) and evaluated the same way, in the same run.
+ceiling, not a deployment) and evaluated the same way, in the same run. With --learn memory (the click memory,
+sieve/feedback/memory.py) the ceiling is the memory learner on the impressions the server logged, every shown
+document examined and clicked exactly when the train qrels judge it relevant. Test queries are also reported in
+two groups: those with a relevant document that a train query also has (seen) and the rest (unseen).
 
     .venv/bin/python benchmarks/feedback_sim.py --data ../shared/data/scifact --index /work/idx/scifact \
         --sessions 3000 --checkpoints 1000,3000 --ceiling --out benchmarks/results/feedback_sim_scifact.json

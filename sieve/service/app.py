@@ -88,7 +88,7 @@ def fingerprint(components: Components, settings: Settings) -> str:
     for spec in registry.stages():
         model = s.models.get(spec.name)
         stages[spec.name] = None if model is None else (spec.identity or model_identity)(model)
-    memory = s.memory.version if s.memory is not None else None  # a published click memory changes answers
+    memory = getattr(getattr(s, "memory", None), "version", None)  # a published click memory changes answers
     return digest(json.dumps([model_identity(s.biencoder), stages, memory, settings.query_max_length,
                               settings.query_overflow,
                               {stage: (c["dtype"], c["runtime"])  # int8, OpenVINO scores differ

@@ -44,7 +44,7 @@ class ServedMemory:
 
     def status(self) -> dict | None:
         """/readyz `click_memory`: the served memory's version, weights and size (null: none served)."""
-        memory = self.searcher.memory
+        memory = getattr(self.searcher, "memory", None)
         if memory is None:
             return None
         return {"version": memory.version, "w_query": memory.w_query, "w_doc": memory.w_doc,
