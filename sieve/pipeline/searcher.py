@@ -50,7 +50,6 @@ class SearchParams:
     ce_model: str = "ce"  # with cross_encoder: "ce" or "ce_late" (pipeline/rerankers.py)
     use_cache: bool = True  # False: compute the query vectors afresh (the service's Cache-Control: no-cache)
     cancelled: threading.Event | None = None  # set when the client hangs up: the work stops as at a deadline
-    clicks: bool = True  # apply the served click memory (when there is one) after the last stage
 
 
 @dataclass
@@ -312,7 +311,7 @@ class Searcher:
         self.encode_query(state, self.towers(checked))
         state = self.run(stages, state)
         memory = self.memory  # one read: a swap mid-request does not mix two memories
-        if memory is not None and params.clicks:
+        if memory is not None:
             vectors = state.query_vectors  # the one the impressions log (records.first_stage)
             vector = vectors.get("cmc", vectors.get("be")) if memory.w_near else None
             state.candidates = remembered(memory, params.query, state.candidates, index,
