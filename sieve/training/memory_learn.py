@@ -58,10 +58,13 @@ def time_cuts(answers: list[Shown], cfg) -> tuple[float | None, float | None]:
 
 @dataclass
 class Scored:
-    """Clicked answers' candidate lists with the served ranking's scores and each candidate's memory terms."""
+    """Clicked answers' candidate lists with the served CMC's scores, the served ranking's (the CMC's plus the memory
+    served now, if any) and each candidate's memory terms. A new memory replaces the served one: it is added to
+    `base`, never on top of the served memory."""
     lists: ClickLists
-    base: np.ndarray  # (Q, K) served scores (-inf on padding)
+    base: np.ndarray  # (Q, K) the served CMC's scores (-inf on padding)
     ids: list[list[str | None]]
+    served: np.ndarray | None = None  # (Q, K) what is served now; None = base (no memory served)
 
     def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(f(query, doc), f(nearest other query, doc), f(doc)) per candidate, 0 without evidence."""
@@ -75,8 +78,9 @@ class Scored:
         return fq, fn, fd
 
     def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
+        """IPS-DCG per answer of the ranking with `memory` (None: the ranking served now)."""
         if memory is None:
-            return ips_dcg(self.base, self.lists)
+            return ips_dcg(self.base if self.served is None else self.served, self.lists)
         fq, fn, fd = self.terms(memory)
         return ips_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
 
@@ -88,7 +92,7 @@ def scored(entries: list[Entry], index, depth: int, served_scores, served_memory
     out = Scored(lists, base, ids)
     if served_memory is not None:  # the ranking served now has a memory too: that is what a new one must beat
         fq, fn, fd = out.terms(served_memory)
-        out.base = base + served_memory.w_query * fq + served_memory.w_near * fn + served_memory.w_doc * fd
+        out.served = base + served_memory.w_query * fq + served_memory.w_near * fn + served_memory.w_doc * fd
     return out
 
 
