@@ -14,7 +14,10 @@ Scenarios (--scenario):
   head         sessions over --head train queries repeated; evaluated on those queries' own qrels
 The full-information ceiling (--ceiling): the same learner (feedback_cli.learn_lists, same lists, splits and
 training) with the train split's qrels as targets instead of clicks, published regardless of the guard (it is a
-ceiling, not a deployment) and evaluated the same way, in the same run.
+ceiling, not a deployment) and evaluated the same way, in the same run. With --learn memory (the click memory,
+sieve/feedback/memory.py) the ceiling is the memory learner on the impressions the server logged, every shown
+document examined and clicked exactly when the train qrels judge it relevant. Test queries are also reported in
+two groups: those with a relevant document that a train query also has (seen) and the rest (unseen).
 
     .venv/bin/python benchmarks/feedback_sim.py --data ../shared/data/scifact --index /work/idx/scifact \
         --sessions 3000 --checkpoints 1000,3000 --ceiling --out benchmarks/results/feedback_sim_scifact.json
@@ -75,8 +78,29 @@ def evaluate(url: str, data) -> dict:
     finally:
         backend.close()
     per_query = {q: ndcg_at_k(run.rankings[q], data.qrels[q], 10) for q in data.qrels}
+    ready = httpx.get(f"{url}/readyz").json()
     return {"ndcg@10": round(float(np.mean(list(per_query.values()))), 4), "per_query": per_query,
-            "cmc": httpx.get(f"{url}/readyz").json().get("cmc", {}).get("source")}
+            "cmc": (ready.get("cmc") or {}).get("source"), "click_memory": ready.get("click_memory")}
+
+
+def seen_groups(train, test) -> dict[str, list[str]]:
+    """Test queries with a relevant document that is also relevant to a train query (seen) and the rest
+    (benchmarks/seen_docs_split.py's split)."""
+    known = {d for judged in train.qrels.values() for d, g in judged.items() if g > 0}
+    seen = [q for q, judged in test.qrels.items() if any(g > 0 and d in known for d, g in judged.items())]
+    return {"seen": seen, "unseen": [q for q in test.qrels if q not in set(seen)]}
+
+
+def by_group(after: dict, before: dict, groups: dict | None) -> dict:
+    if not groups:
+        return {}
+    out = {}
+    for name, qs in groups.items():
+        if qs:
+            a, b = ({"per_query": {q: r["per_query"][q] for q in qs}} for r in (after, before))
+            out[name] = {"queries": len(qs), "default": round(float(np.mean(list(b["per_query"].values()))), 4),
+                         "ndcg@10": round(float(np.mean(list(a["per_query"].values()))), 4), **paired(a, b)}
+    return out
 
 
 def paired(after: dict, before: dict, seed: int = 0) -> dict:
@@ -127,14 +151,15 @@ def run_sessions(url: str, users: Users, n: int, seed: int, threads: int = 3) ->
     return clicks, time.monotonic() - began
 
 
-def learn(index: Path, steps: int, split: str) -> dict:
+def learn(index: Path, steps: int, split: str, what: str = "both", extra: tuple = ()) -> dict:
     began = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "sieve.cli", "feedback", "learn", "--index", str(index),
-                           "--steps", str(steps), "--split", split], cwd=REPO, capture_output=True, text=True)
+                           "--steps", str(steps), "--split", split, "--learn", what, *extra], cwd=REPO,
+                          capture_output=True, text=True)
     out = proc.stdout[proc.stdout.find("{"):]
     report = json.loads(out) if out.strip() else {}
     report = {k: report.get(k) for k in ("installed", "not_installed", "guard", "split", "propensity", "best_step",
-                                          "train_s", "answers", "lists")}
+                                          "train_s", "answers", "lists", "memory")}
     report.update({"exit": proc.returncode, "wall_s": round(time.monotonic() - began, 1)})
     if proc.returncode not in (0, 2, 3):
         report["stderr"] = proc.stderr[-2000:]
@@ -187,6 +212,27 @@ def ceiling(index: Path, data_train, steps: int, depth: int) -> dict:
             "published": str(path)}
 
 
+def memory_ceiling(index: Path, work: Path, data_train, split: str) -> dict:
+    """The click memory's full-information ceiling: the same impressions the server logged, every shown document
+    examined (propensity 1: --eta 0, no swaps copied) and clicked exactly when the train qrels judge it relevant;
+    learned, judged and published by the same command (`--learn memory`)."""
+    from sieve.feedback.log import AppendLog, read_records
+    from sieve.feedback.records import query_key
+
+    relevant = {query_key(" ".join(text.split())): {d for d, g in data_train.qrels[q].items() if g > 0}
+                for q, text in data_train.queries.items()}
+    root = work / "ceiling-feedback"
+    shutil.rmtree(root, ignore_errors=True)
+    impressions, events = AppendLog(root, "impressions", 1 << 40), AppendLog(root, "events", 1 << 40)
+    records = [{**r, "swap": None} for r in read_records(index / "feedback", "impressions")]
+    impressions.append(records)
+    events.append({"request_id": r["request_id"], "doc_id": d, "type": "click", "received": r["t"]}
+                  for r in records for d in r["shown"] if d in relevant.get(r["query_key"], ()))
+    impressions.close(), events.close()
+    (index / "clicks" / "CURRENT").unlink(missing_ok=True)  # judged against the CMC alone, not the click memory
+    return learn(index, 0, split, "memory", ("--feedback-dir", str(root), "--eta", "0"))
+
+
 def main() -> None:
     from sieve.evaluation.report import machine_info
 
@@ -204,7 +250,9 @@ def main() -> None:
     ap.add_argument("--swap", type=float, default=0.05, help="SIEVE_FEEDBACK_SWAP_FRACTION")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
-    ap.add_argument("--ceiling", action="store_true")
+    ap.add_argument("--ceiling", action="store_true", help="the full-information ceiling of what --learn learns")
+    ap.add_argument("--learn", choices=["both", "cmc", "memory"], default="both", help="what `sieve feedback learn` "
+                    "learns at each checkpoint (the CMC, the click memory, or both)")
     ap.add_argument("--max-eval", type=int, default=None, help="evaluate on at most this many queries")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
@@ -218,6 +266,7 @@ def main() -> None:
         eval_data = train_data
     else:
         eval_data = load_split(args.data, "test", max_queries=args.max_eval, seed=args.seed)
+    groups = seen_groups(train_data, eval_data) if args.scenario != "head" else None
     work = args.work / f"{args.data.name}-{args.scenario}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -228,31 +277,41 @@ def main() -> None:
            "click_model": {"eta": args.eta, "p_plus": args.p_plus, "p_minus": args.p_minus, "top_k": 10},
            "swap_fraction": args.swap, "train_queries": len(train_data.queries), "eval_split":
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
-           "eval_queries": len(eval_data.queries), "steps": args.steps, "split": args.split, "command": " ".join(sys.argv),
+           "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap)
     # nDCG is measured on a second server over the same index with feedback off: no randomised swap in its answers
     judge = Served(index, work / "judge.log", 0.0, {"SIEVE_FEEDBACK_ENABLED": "false"})
     try:
         base = evaluate(judge.url, eval_data)
-        doc["default"] = {"ndcg@10": base["ndcg@10"], "cmc": base["cmc"]}
+        doc["default"] = {"ndcg@10": base["ndcg@10"], "cmc": base["cmc"],
+                          "groups": {k: len(v) for k, v in (groups or {}).items()}}
         print(f"default nDCG@10 {base['ndcg@10']}", flush=True)
         users = Users(train_data, args.eta, args.p_plus, args.p_minus, args.seed)
         done = clicks = 0
         for point in checkpoints:
             n, s = run_sessions(server.url, users, point - done, args.seed + point)
             done, clicks = point, clicks + n
-            learned = learn(index, args.steps, args.split)
+            learned = learn(index, args.steps, args.split, args.learn)
             reloaded = reload(server.url)
             reload(judge.url)
             after = evaluate(judge.url, eval_data)
             entry = {"sessions": done, "clicks": clicks, "sessions_s": round(s, 1), "learn": learned,
                      "swapped": reloaded.get("cmc_changed"), "ndcg@10": after["ndcg@10"], "cmc": after["cmc"],
-                     "vs_default": paired(after, base), "load": os.getloadavg()}
+                     "click_memory": after["click_memory"], "vs_default": paired(after, base),
+                     "groups": by_group(after, base, groups), "load": os.getloadavg()}
             doc["curve"].append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "learn"}), json.dumps(learned.get("guard")),
                   flush=True)
-        if args.ceiling:
+        if args.ceiling and args.learn in ("both", "memory"):
+            doc["memory_ceiling"] = memory_ceiling(index, work, train_data, args.split)
+            reload(judge.url)
+            top = evaluate(judge.url, eval_data)
+            doc["memory_ceiling"].update({"ndcg@10": top["ndcg@10"], "vs_default": paired(top, base),
+                                          "click_memory": top["click_memory"],
+                                          "groups": by_group(top, base, groups)})
+            print("memory ceiling", json.dumps(doc["memory_ceiling"]), flush=True)
+        if args.ceiling and args.learn in ("both", "cmc"):
             doc["ceiling"] = ceiling(index, train_data, args.steps, 50)
             reload(judge.url)
             top = evaluate(judge.url, eval_data)
@@ -282,7 +341,9 @@ def plot(doc: dict, path: Path) -> None:
     ax.plot(xs, ys, marker="o", label="learned from clicks (served)")
     ax.axhline(doc["default"]["ndcg@10"], color="gray", ls="--", label="default")
     if "ceiling" in doc:
-        ax.axhline(doc["ceiling"]["ndcg@10"], color="green", ls=":", label="full-information ceiling")
+        ax.axhline(doc["ceiling"]["ndcg@10"], color="green", ls=":", label="full-information ceiling (CMC)")
+    if "memory_ceiling" in doc:
+        ax.axhline(doc["memory_ceiling"]["ndcg@10"], color="purple", ls=":", label="full-information ceiling (memory)")
     ax.set_xlabel("click events")
     ax.set_ylabel(f"nDCG@10 ({doc['eval_split']})")
     ax.set_title(f"{doc['dataset']} {doc['scenario']}: p+={doc['click_model']['p_plus']} "

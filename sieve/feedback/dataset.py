@@ -13,6 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from sieve.feedback.log import read_records
+from sieve.feedback.memory import Shown
 from sieve.feedback.propensity import Propensities
 from sieve.feedback.records import unpack
 from sieve.pipeline.evidence import FEATURES, features
@@ -30,6 +31,7 @@ class Entry:
     bm25: np.ndarray
     targets: dict[str, float]
     ranks: dict[str, int] = field(default_factory=dict)  # clicked id -> 1-based rank shown (the guard's IPS)
+    t: float = 0.0  # when the answer was given (unix time): time splits
 
 
 @dataclass
@@ -107,6 +109,17 @@ class Logs:
                             if e.get("type", "click") == "click" and e["doc_id"] in shown})
             yield len(shown), imp.get("swap"), ranks
 
+    def answers(self) -> list[Shown]:
+        """Every /search answer (clicked or not) as the click memory counts it, oldest first."""
+        clicks = self.clicks()
+        out = []
+        for rid, imp in self.impressions.items():
+            if imp.get("endpoint") != "/search":
+                continue
+            clicked = {e["doc_id"] for e in clicks.get(rid, ()) if e.get("type", "click") == "click"}
+            out.append(Shown(imp["query_key"], list(imp["shown"]), clicked & set(imp["shown"]), imp["t"]))
+        return sorted(out, key=lambda a: a.t)
+
     def entries(self, props: Propensities, clip: float = CLIP) -> tuple[list[Entry], dict]:
         """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first."""
         latest = {}
@@ -129,5 +142,5 @@ class Logs:
                     targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / props.of(rank), clip))
                     ranks[e["doc_id"]] = rank
             entries.append(Entry(imp["query_key"], unpack(full["vector"]), full["candidates"], unpack(full["be"]),
-                                 unpack(full["bm25"]), targets, ranks))
+                                 unpack(full["bm25"]), targets, ranks, imp["t"]))
         return entries, {"answers_with_events": len(entries) + unjoined, "without_candidates": unjoined}

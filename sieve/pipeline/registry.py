@@ -24,6 +24,7 @@ from sieve import plugins
 RETRIEVER, RERANKER, CROSS_ENCODER = "retriever", "reranker", "cross_encoder"
 ROLES = (RETRIEVER, RERANKER, CROSS_ENCODER)
 FIRST_STAGE_SCORE = "retrieve"  # the column every retriever writes: the order the first stage ranked by
+CLICKS_SCORE = "clicks"  # the column the click memory writes after the last stage (sieve/feedback/memory.py)
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,8 @@ class StageSpec:
 
 
 _STAGES: dict[str, StageSpec] = {}
-_SCORE_KEYS: set[str] = {FIRST_STAGE_SCORE}  # every registered score column, kept with _STAGES (read per stage boundary)
-_RANKING_KEYS: set[str] = {FIRST_STAGE_SCORE}  # the column each stage ranks by
+_SCORE_KEYS: set[str] = {FIRST_STAGE_SCORE, CLICKS_SCORE}  # every registered score column, kept with _STAGES (read per stage boundary)
+_RANKING_KEYS: set[str] = {FIRST_STAGE_SCORE, CLICKS_SCORE}  # the column each stage ranks by
 
 
 def register(spec: StageSpec, replace: bool = False) -> StageSpec:
@@ -152,8 +153,8 @@ def unregister(name: str) -> None:
 
 def _derive_keys() -> None:
     global _SCORE_KEYS, _RANKING_KEYS
-    _SCORE_KEYS = {FIRST_STAGE_SCORE} | {key for spec in _STAGES.values() for key in spec.scores}
-    _RANKING_KEYS = {FIRST_STAGE_SCORE} | {spec.scores[0] for spec in _STAGES.values()}
+    _SCORE_KEYS = {FIRST_STAGE_SCORE, CLICKS_SCORE} | {key for spec in _STAGES.values() for key in spec.scores}
+    _RANKING_KEYS = {FIRST_STAGE_SCORE, CLICKS_SCORE} | {spec.scores[0] for spec in _STAGES.values()}
 
 
 @contextmanager

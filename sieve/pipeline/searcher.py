@@ -22,7 +22,7 @@ from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.batching import BatchConfig, Runners
-from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.candidates import Candidates, ranked_scores
 from sieve.pipeline.errors import QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.pipeline.remote_ce import RemoteCrossEncoder
@@ -107,6 +107,7 @@ class Searcher:
         self.stage_budgets_ms = dict(stage_budgets_ms or {})
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
+        self.memory = None  # a ClickMemory (sieve/feedback/memory.py) applied after the last stage; swapped live
 
     @property
     def batching(self) -> BatchConfig:
@@ -309,6 +310,12 @@ class Searcher:
         stages = self.plan(checked, params, retrieve_k, index)
         self.encode_query(state, self.towers(checked))
         state = self.run(stages, state)
+        memory = self.memory  # one read: a swap mid-request does not mix two memories
+        if memory is not None:
+            vectors = state.query_vectors  # the one the impressions log (records.first_stage)
+            vector = vectors.get("cmc", vectors.get("be")) if memory.w_near else None
+            state.candidates = remembered(memory, params.query, state.candidates, index,
+                                          None if vector is None else vector.detach().float().cpu().numpy())
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(params.top_k, len(state.candidates))))
         return Outcome(top, state.ran[-1], state, index.version, index=index)
@@ -339,6 +346,28 @@ class Searcher:
         state.timings_ms["total"] = (time.perf_counter() - started) * 1000
         top = state.candidates.take(np.arange(min(top_n, len(state.candidates))))
         return Outcome(top, state.ran[-1] if state.ran else "input", state, index.version, index=index)
+
+
+def remembered(memory, query: str, cands: Candidates, index, vector=None) -> Candidates:
+    """The candidates re-sorted by their answer `score` plus the click memory's boost (sieve/feedback/memory.py),
+    as the score column "clicks"; unchanged where the memory knows none of them."""
+    if not len(cands) or (cands.ids is None and (cands.rows < 0).any()):
+        return cands
+    ids = cands.ids if cands.ids is not None else index.ids(cands.rows)
+    boost = memory.boost(memory.key_of(query), ids, vector)
+    if not boost.any():
+        return cands
+    score = answer_scores(cands.scores) + boost
+    return cands.with_scores(registry.CLICKS_SCORE, score).take(np.argsort(-score, kind="stable"))
+
+
+def answer_scores(scores: dict) -> np.ndarray:
+    """The answer's `score` of each candidate: the last ranking column when its stage scored them all (sorted by
+    it already: CMC's), else ranked_scores (a cross-encoder that scored only the head)."""
+    last = [v for k, v in scores.items() if k in registry.ranking_keys()][-1]
+    if not np.isnan(last).any():
+        return last.astype(np.float64)
+    return ranked_scores(scores)
 
 
 def require_lexical_part(field: str) -> None:

@@ -21,6 +21,7 @@ from sieve.service.docs_ui import serve_docs
 from sieve.service.errors import install_error_handlers, route_template
 from sieve.service.fast_search import FastSearch, SieveAPI
 from sieve.service.feedback_service import FeedbackService
+from sieve.service.memory_serving import ServedMemory
 from sieve.service.metrics import Metrics
 from sieve.service.protection import (Admission, Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
@@ -89,7 +90,8 @@ def fingerprint(components: Components, settings: Settings) -> str:
     for spec in registry.stages():
         model = s.models.get(spec.name)
         stages[spec.name] = None if model is None else (spec.identity or model_identity)(model)
-    return digest(json.dumps([model_identity(s.biencoder), stages, settings.query_max_length,
+    memory = getattr(getattr(s, "memory", None), "version", None)  # a published click memory changes answers
+    return digest(json.dumps([model_identity(s.biencoder), stages, memory, settings.query_max_length,
                               settings.query_overflow,
                               {stage: (c["dtype"], c["runtime"])  # int8, OpenVINO scores differ
                                for stage, c in components.precision.items()}],
@@ -120,6 +122,8 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
             metrics.index_commit.observe(commit_s)
 
     state.cmc = serve_cmc(state, settings, components)
+    state.memory = ServedMemory(settings, searcher, lambda: setattr(state.caches, "fingerprint",
+                                                                     fingerprint(components, settings)))
     state.feedback = FeedbackService(settings) if settings.feedback_enabled else None
     metrics.index_backend_up.set(1.0)  # a local index is always up; a Qdrant one reports every call from here on
     if qdrant:  # writes go straight to Qdrant (service/qdrant_service.py)
@@ -132,7 +136,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
                                      lambda: load_index(settings, searcher.biencoder, torch.device(components.device),
                                                         searcher.cmc),
                                      settings.write_batch_wait_ms, on_swap, settings.index_poll_s,
-                                     settings.merge_policy(), on_check=state.cmc.check,
+                                     settings.merge_policy(), on_check=lambda: check_beside(state),
                                      catch_up=(settings.workers or 1) > 1)
     metrics.set_index(searcher.index)
     # sync handlers wait on batch futures in the thread pool: it must hold every admitted request
@@ -143,6 +147,16 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     if (settings.workers or 1) > 1 and not settings.redis_url and settings.rate_limit_per_s:
         log.warning("rate limit without SIEVE_REDIS_URL is per worker: a caller may get up to %d x %s/s",
                     settings.workers, settings.rate_limit_per_s)
+
+
+def check_beside(state) -> bool:
+    """What lives beside the index versions, on every reload and poll: the click memory, then the adapted CMC (True
+    = the CMC changed; a memory that fails to load is logged and the CMC is still checked)."""
+    try:
+        state.memory.check()
+    except Exception:  # noqa: BLE001 - what is served stays; the next check tries again
+        log.exception("checking for a new click memory failed")
+    return state.cmc.check()
 
 
 def serve_cmc(state, settings: Settings, components: Components) -> ServedCMC:

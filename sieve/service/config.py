@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     feedback_swap_fraction: float = Field(0.0, ge=0, le=1, description="Share of /search answers in which two adjacent results among the top SIEVE_FEEDBACK_SWAP_DEPTH swap places (logged), so `sieve feedback learn` can estimate position bias from the logs; 0 = never (the learner then uses (1/rank)^eta).")
     feedback_swap_depth: int = Field(10, ge=2, le=100, description="Positions a randomised swap may touch (1..depth).")
     feedback_memory: int = Field(100_000, ge=1, description="Impressions kept in memory to validate events; an older request id is looked up on disk.")
+    click_memory_enabled: bool = Field(True, description="Add the click memory `sieve feedback learn` published into the served index (SIEVE_INDEX_DIR/clicks) to /search scores after the last stage: documents users clicked for a query (and overall) rise, ones shown often and rarely clicked fall. Picked up live on reload and poll; a local index only.")
     # server
     host: str = Field("127.0.0.1", description="Bind address of `sieve serve` / `sieve demo`.")
     port: int = Field(8000, ge=1, le=65535, description="Port of `sieve serve` / `sieve demo`.")

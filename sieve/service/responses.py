@@ -8,34 +8,13 @@ import numpy as np
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from sieve.pipeline import registry
+from sieve.pipeline.candidates import ranked_scores  # noqa: F401 (the answers' `score`)
 from sieve.pipeline.searcher import Outcome
 from sieve.service import schemas
 
 
 def score_or_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
-
-
-def ranked_scores(scores: dict) -> np.ndarray:
-    """The `score` of each candidate in rank order, never increasing down the list. Each candidate gets the score
-    of the last stage that scored it (the cross-encoder scores only the head); a run of candidates below a later
-    stage's cut-off keeps its own stage's scores, shifted down when needed so that its highest is one below the
-    lowest score above it (the gaps between its scores kept). Each stage's raw score stays in `scores`."""
-    columns = [np.asarray(v, dtype=np.float64) for c, v in scores.items() if c in registry.ranking_keys()]
-    assert columns, "every candidate has a retrieve score"
-    table = np.stack(columns)  # (stages, K)
-    owner = np.where(~np.isnan(table), np.arange(len(columns))[:, None], -1).max(axis=0)  # (K,) last stage
-    assert (owner >= 0).all(), "every candidate has a retrieve score"
-    raw = table[owner, np.arange(table.shape[1])]  # (K,)
-    out, floor, start = raw.copy(), math.inf, 0
-    for end in [*np.flatnonzero(np.diff(owner)) + 1, len(raw)]:  # runs of candidates owned by one stage
-        run = out[start:end]
-        if run.max() >= floor:
-            run -= run.max() - floor + 1.0
-        out[start:end] = np.minimum.accumulate(np.minimum(run, floor))  # never up, even within a run
-        floor, start = out[end - 1], end
-    return out
 
 
 def documents_out(outcome: Outcome) -> list[schemas.DocumentOut]:

@@ -274,7 +274,8 @@ def readyz(request: Request, components: ComponentsDep, settings: SettingsDep):
     return schemas.Ready(index_size=index.size, index_version=index.version, **served,
                          models=components.model_names(), stages=components.stage_names(), device=components.device,
                          remote_cross_encoder=remote.status() if remote else None, precision=components.precision,
-                         cmc=cmc, workers=team, limits=limits_of(components, settings).as_dict())
+                         cmc=cmc, click_memory=request.app.state.memory.status(), workers=team,
+                         limits=limits_of(components, settings).as_dict())
 
 
 @router.get("/metrics", tags=["health"], response_class=Response)

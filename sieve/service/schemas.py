@@ -322,6 +322,15 @@ class LimitsStatus(Reply):
     source: Literal["cpu", "setting", "calibrated"] = Field(..., description="Where the speed-up came from: cpu (today's defaults, unscaled), setting (SIEVE_DEVICE_SPEEDUP) or calibrated (a forward timed at start-up on CUDA). Settings given explicitly are kept as given.")
 
 
+class ClickMemoryStatus(BaseModel):
+    version: str = Field(..., description="The published memory's directory under SIEVE_INDEX_DIR/clicks.")
+    w_query: float = Field(..., description="Weight of the (query, document) click-through term.")
+    w_doc: float = Field(..., description="Weight of the per-document click-through term.")
+    pseudo: float = Field(..., description="Pseudo-examinations the click-through rates are smoothed with.")
+    queries: int = Field(..., description="Queries (by hash) with remembered documents.")
+    documents: int = Field(..., description="Documents with a per-document term.")
+
+
 class Ready(Reply):
     status: Literal["ready"] = Field("ready", description="Models and index are loaded.")
     index_size: int = Field(..., description="Documents in the live index.")
@@ -339,5 +348,6 @@ class Ready(Reply):
                           "stays ready while it is down (answers are then partial, skipping ce).")
     precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
     cmc: CMCStatus | None = Field(None, description="The served CMC and where it came from (null when the CMC stage is off).")
+    click_memory: ClickMemoryStatus | None = Field(None, description="The click memory `sieve feedback learn` published into the served index and this server adds to /search scores (null: none served, or SIEVE_CLICK_MEMORY_ENABLED is off).")
     workers: WorkersStatus | None = Field(None, description="The server's worker processes (docs/deployment.md).")
     limits: LimitsStatus | None = Field(None, description="The /rerank work cap and default deadline in force: the settings on a CPU, scaled by the device's speed-up on a faster one (docs/deployment.md, GPU).")

@@ -4,7 +4,10 @@ learn: reads the impressions and events a server with SIEVE_FEEDBACK_ENABLED log
 INDEX/feedback), estimates position bias (randomised swaps in the logs, else (1/rank)^eta), trains CMC from the
 served model and publishes it into the index's adapted store only when the guard passes; a server on the index swaps
 it in as it does a `sieve adapt` model (POST /admin/index/reload or its next SIEVE_INDEX_POLL_S poll).
-Exit status 0: published (or --dry-run); 2: too little feedback to learn from; 3: trained but refused by the guard.
+With --learn both (the default) or memory, it also counts a click memory (sieve/feedback/memory.py: per query and
+per document debiased click-through rates, added to /search scores) over the ranking served next, chooses its weights
+on validation answers and publishes it into INDEX/clicks when its own guard passes (training/memory_learn.py).
+Exit status 0: something published (or --dry-run); 2: too little feedback to learn from; 3: refused by the guard.
 
 import: a log exported from elsewhere, JSON lines {"query": str, "shown": [ids in the order shown], "clicked":
 [ids]}: each query runs through the index's first stage (for the candidates and evidence the learner needs) and is
@@ -50,6 +53,9 @@ def register(sub) -> None:
     learn.add_argument("--seed", type=int, default=d.seed)
     learn.add_argument("--dry-run", action="store_true", help="train and judge, never publish")
     learn.add_argument("--out", type=Path, help="also save the trained model here (a CMC checkpoint), published or not")
+    learn.add_argument("--learn", choices=["both", "cmc", "memory"], default="both",
+                       help="what to learn: the CMC, the click memory (per query and per document click-through "
+                            "rates added to /search scores), or both (each published when its own guard passes)")
     learn.set_defaults(func=cmd_learn)
     imp = commands.add_parser("import", help="append an exported click log (JSON lines: query, shown, clicked)")
     imp.add_argument("file", type=Path)
@@ -93,25 +99,72 @@ def learn(args, settings) -> int:
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed)
+    what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
         root = args.feedback_dir or settings.feedback_path()
         logs = Logs.read(root)
         props = propensity.estimate(logs.for_propensity(), settings.feedback_swap_depth, fallback_eta=args.eta)
         log(f"{len(logs.impressions)} impressions, {len(logs.events)} events in {root}; propensity: {props.source}")
-        entries, joined = logs.entries(props, args.clip)
-        lists, stats = build(entries, index, cfg.depth)
-        with workspace(store.root):
-            return learn_lists(cfg, lists, index, store, biencoder, served, args,
-                               {"feedback_dir": str(root), "propensity": {"source": props.source, "eta": props.eta,
-                                                                          "top10": [round(props.of(r), 4) for r in range(1, 11)]},
-                                "answers": joined, "lists": stats})
+        about = {"feedback_dir": str(root), "propensity": {"source": props.source, "eta": props.eta,
+                                                           "top10": [round(props.of(r), 4) for r in range(1, 11)]}}
+        codes, summary, model = [], {"installed": None, **about}, served.model.float().cpu().eval()
+        if what in ("both", "cmc"):
+            entries, joined = logs.entries(props, args.clip)
+            lists, stats = build(entries, index, cfg.depth)
+            with workspace(store.root):
+                code, summary, published = learn_lists(cfg, lists, index, store, biencoder, served, args,
+                                                       {**about, "answers": joined, "lists": stats})
+            codes.append(code)
+            model = published if published is not None else model  # the memory is added to what is served next
+        if what in ("both", "memory"):
+            code, summary["memory"] = learn_memory_into(cfg, logs, props, index, model, settings, args)
+            codes.append(code)
+        print(json.dumps(summary, indent=2))
+        return 0 if 0 in codes else max(codes)
     finally:
         index.close()
 
 
-def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict) -> int:
-    """Split, train, judge, publish (shared by the click learner and the benchmark's full-information ceiling)."""
+def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[int, dict]:
+    """The click memory (training/memory_learn.py) over the ranking `model` serves: published into the index's
+    click store (SIEVE_INDEX_DIR/clicks) when its guard passes."""
+    import numpy as np
+
+    from sieve.feedback.memory import ClickMemory
+    from sieve.feedback.memory_store import MemoryStore
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import learn_memory
+
+    mstore = MemoryStore(settings.index_dir)
+    current = mstore.current()
+    served_memory = ClickMemory.load(current) if current is not None else None
+
+    def served_scores(lists):
+        return scores_of(model, lists, Vectors(index, lists)) if len(lists) else np.zeros((0, cfg.depth))
+
+    memory, report = learn_memory(cfg, logs, props, index, served_scores, served_memory, args.clip)
+    report.update({"served_memory": current.name if current else None, "installed": None})
+    if memory is None or args.dry_run:
+        reason = report.get("not_installed") or "dry run"
+        log(f"click memory NOT PUBLISHED: {reason}")
+        report["not_installed"] = reason
+        if memory is None:
+            return (EXIT_TOO_LITTLE if reason == "too little feedback" else EXIT_REFUSED), report
+        return 0, report
+    work = mstore.new_work_dir()
+    memory.save(work)
+    (work / "report.json").write_text(json.dumps(report, indent=2))
+    path = mstore.publish(work)
+    report["installed"] = str(path)
+    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}, "
+        f"pseudo {memory.pseudo:g}); a server on this index loads it on reload or its next poll")
+    return 0, report
+
+
+def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict):
+    """Split, train, judge, publish (shared by the click learner and the benchmark's full-information ceiling):
+    (exit status, report, the model published or None)."""
     from sieve.training.feedback_learn import Vectors, config_dict, guard, split, train, verdict
 
     if served.config.mode == "separate":
@@ -126,8 +179,7 @@ def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict) 
     if len(fit) < MIN_TRAIN or not len(validation):
         log(f"too little feedback: {len(fit)} answers with clicks to train on (needs {MIN_TRAIN}) and "
             f"{len(validation)} to validate on; nothing trained")
-        print(json.dumps({"installed": None, "not_installed": "too little feedback", **summary}, indent=2))
-        return EXIT_TOO_LITTLE
+        return EXIT_TOO_LITTLE, {"installed": None, "not_installed": "too little feedback", **summary}, None
     vectors = Vectors(index, lists)
     base = served.model.float().cpu().eval()
     model, record = train(cfg, fit, validation, base, vectors, log)
@@ -139,12 +191,11 @@ def learn_lists(cfg, lists, index, store, biencoder, served, args, about: dict) 
     refused = verdict(report, record["best_step"], cfg)
     if refused or args.dry_run:
         log(f"NOT PUBLISHED: {refused or '--dry-run'}; the server keeps the CMC it serves")
-        print(json.dumps({"installed": None, "not_installed": refused or "dry run", **summary}, indent=2))
-        return EXIT_REFUSED if refused else 0
+        return (EXIT_REFUSED if refused else 0), {"installed": None, "not_installed": refused or "dry run",
+                                                  **summary}, None
     path = store.publish(save(model, biencoder, store.new_work_dir(), summary, lists, index))
     log(f"published {path}; a server on this index swaps it in on POST /admin/index/reload or its next poll")
-    print(json.dumps({"installed": str(path), **summary}, indent=2))
-    return 0
+    return 0, {"installed": str(path), **summary}, model
 
 
 def save(model, biencoder, out: Path, summary: dict, lists, index) -> Path:

@@ -134,12 +134,17 @@ def guard(new: CMC, served: CMC, heldout: ClickLists, vectors: Vectors, cfg: Lea
     """The counterfactual comparison on held-out answers: mean IPS-DCG difference and its 95% bootstrap interval."""
     if len(heldout) == 0:
         return {"heldout_answers": 0, "delta": None, "interval": None}
-    diff = ips_dcg(scores_of(new, heldout, vectors), heldout) - ips_dcg(scores_of(served, heldout, vectors), heldout)
+    served_dcg = ips_dcg(scores_of(served, heldout, vectors), heldout)
+    return {**compare(ips_dcg(scores_of(new, heldout, vectors), heldout) - served_dcg, cfg),
+            "served_ips_dcg": round(float(served_dcg.mean()), 5)}
+
+
+def compare(diff: np.ndarray, cfg: LearnConfig) -> dict:
+    """Mean of per-answer differences (new - served) with its 95% bootstrap interval over answers."""
     rng = np.random.default_rng(cfg.seed + 1)
     means = np.array([diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(cfg.bootstrap)])
     return {"heldout_answers": int(len(diff)), "delta": round(float(diff.mean()), 5),
-            "interval": [round(float(np.quantile(means, 0.025)), 5), round(float(np.quantile(means, 0.975)), 5)],
-            "served_ips_dcg": round(float(ips_dcg(scores_of(served, heldout, vectors), heldout).mean()), 5)}
+            "interval": [round(float(np.quantile(means, 0.025)), 5), round(float(np.quantile(means, 0.975)), 5)]}
 
 
 def verdict(report: dict, best_step: int, cfg: LearnConfig) -> str | None:

@@ -92,3 +92,60 @@ def test_too_little_heldout_feedback_is_refused():
     report = {"heldout_answers": 12, "delta": 0.5, "interval": [0.4, 0.6]}
     assert "too little held-out feedback" in verdict(report, 100, LearnConfig(min_heldout=50))
     assert verdict({**report, "heldout_answers": 50}, 100, LearnConfig(min_heldout=50)) is None
+
+
+def logs_of(docs, queries, index, adversarial_until: int, sessions: int, seed: int):
+    """Logged answers (impressions + click events) of title queries: before session `adversarial_until` the user
+    clicks the lowest shown document that is not the query's own; from it on, the query's own document when shown
+    and examined ((1/rank)^1)."""
+    from sieve.feedback.dataset import Logs
+    from sieve.feedback.memory import ClickMemory
+    from sieve.feedback.records import pack
+
+    rng = np.random.default_rng(seed)
+    vectors = index.embeddings(np.arange(index.size))
+    ids = index.ids(np.arange(index.size))
+    impressions, events = {}, []
+    for s in range(sessions):
+        i = s % len(docs)
+        be = vectors @ queries[i]
+        order = np.argsort(-be)[:30]
+        shown = [ids[j] for j in order[:SHOWN]]
+        rid = f"r{s}"
+        impressions[rid] = {"request_id": rid, "t": float(s), "endpoint": "/search", "swap": None,
+                            "query_key": ClickMemory.key_of(docs[i].title), "shown": shown,
+                            "candidates": [ids[j] for j in order], "vector": pack(queries[i]),
+                            "be": pack(be[order]), "bm25": pack(np.zeros(len(order)))}
+        if s < adversarial_until:
+            clicked = next(d for d in reversed(shown) if d != docs[i].id)
+        elif docs[i].id in shown and rng.random() < 1 / (shown.index(docs[i].id) + 1):
+            clicked = docs[i].id
+        else:
+            continue
+        events.append({"request_id": rid, "doc_id": clicked, "type": "click"})
+    return Logs(impressions, events)
+
+
+def memory_learned(world, adversarial_until: int):
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="time", min_heldout=20)
+    logs = logs_of(docs, queries, index, adversarial_until, 900, seed=3)
+    return learn_memory(cfg, logs, propensity.default(), index,
+                        lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+
+
+def test_the_guard_refuses_a_click_memory_built_from_adversarial_clicks(world):
+    """The first 80% of answers (the memory's fit and validation) are adversarial, the held-out latest 20% genuine:
+    the memory learned the adversarial clicks (weights chosen on validation) and is refused on held-out feedback."""
+    bad, report = memory_learned(world, adversarial_until=720)
+    assert bad is None
+    assert report["chosen"]["w_query"] > 0 or report["chosen"]["w_doc"] > 0  # it learned them: not a trivial refusal
+    assert report["guard"]["heldout_answers"] >= 20
+    assert report["guard"]["delta"] < 0 and report["guard"]["interval"][0] < 0
+    assert "not better than the served model" in report["not_installed"]
+    good, good_report = memory_learned(world, adversarial_until=0)
+    assert good_report["guard"]["delta"] > report["guard"]["delta"]

@@ -1,0 +1,176 @@
+"""The click memory: what users clicked, remembered per (query, document) and per document, and added to /search
+scores (the click-through features of production learning to rank from clicks: Metarank, the LTR plugins).
+
+Counts (`tally`), from the impressions and click events the server logged: for every /search answer, each document
+shown at rank r was examined with probability p(r) (propensity.py), so it collects p(r) expected examinations; a
+click collects 1 (a document clicked twice in one answer counts once). Per (query hash, document) and per document
+over all queries:
+    COEC = clicks / expected examinations            (clicks over expected clicks: position bias removed)
+    smoothed = (clicks + m x prior) / (examinations + m),  prior = all clicks / all examinations
+    f = log(smoothed / prior), clipped to [-F_CLIP, F_CLIP]
+so f > 0 for a document clicked more than the average document at its ranks, f < 0 for one examined often and
+clicked rarely, and f ~ 0 where the evidence is thin (m pseudo-examinations at the prior). Only pairs and documents
+with evidence are kept.
+
+At /search (`rerank`), after the last ranking stage scored all the candidates and before the top_k cut:
+    score' = score + w_q x f(query, document) + w_d x f(document)
+         (+ w_n x f(nearest other remembered query, document), when its query vector's cosine >= near_min)
+where `score` is the answer's own `score` (never increasing down the list), and the list is sorted by score' again
+(stable): a clicked document deeper in the candidates can rise, one examined often and never clicked can fall.
+The query is found by the hash the impression recorder logs (records.query_key of the whitespace-normalised query).
+`w_q`, `w_d` and `m` are chosen by `sieve feedback learn` (training/memory_learn.py); the memory is published into
+the index directory (memory_store.py) and picked up live (service/memory_serving.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from sieve.feedback.records import pack, query_key, unpack
+
+F_CLIP = 3.0
+SCORE_KEY = "clicks"  # the candidates' score column the memory writes (pipeline/registry.py knows it)
+FILE = "memory.json"
+MAX_NEAR = 50_000  # remembered queries whose vectors the nearest-query term searches (one matrix product each)
+
+
+@dataclass
+class Shown:
+    """One logged /search answer as the memory reads it."""
+    key: str
+    shown: list[str]
+    clicked: set[str]
+    t: float = 0.0
+
+
+@dataclass
+class Tallies:
+    """Clicks and expected examinations per (query key, doc id) and per doc id."""
+    pairs: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    docs: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    answers: int = 0
+
+    def add(self, answer: Shown, props) -> None:
+        self.answers += 1
+        for rank, doc in enumerate(answer.shown, 1):
+            p = props.of(rank)
+            c = 1.0 if doc in answer.clicked else 0.0
+            for cell in (self.pairs[(answer.key, doc)], self.docs[doc]):
+                cell[0] += c
+                cell[1] += p
+
+    @property
+    def prior(self) -> float:
+        clicks = sum(c for c, _ in self.docs.values())
+        exams = sum(e for _, e in self.docs.values())
+        return clicks / exams if exams > 0 and clicks > 0 else 0.0
+
+
+def tally(answers: Iterable[Shown], props) -> Tallies:
+    out = Tallies()
+    for answer in answers:
+        out.add(answer, props)
+    return out
+
+
+def log_ratio(clicks: float, exams: float, prior: float, m: float) -> float:
+    smoothed = (clicks + m * prior) / (exams + m)
+    return float(np.clip(math.log(max(smoothed, 1e-9) / prior), -F_CLIP, F_CLIP))
+
+
+@dataclass
+class ClickMemory:
+    """f per (query key, doc id) and per doc id, and the weights that add them to scores."""
+    w_query: float
+    w_doc: float
+    pseudo: float
+    prior: float
+    pairs: dict[str, dict[str, float]]  # query key -> doc id -> f
+    docs: dict[str, float]  # doc id -> f
+    w_near: float = 0.0  # weight of the nearest other remembered query's f (by query vector), when cos >= near_min
+    near_min: float = 0.9
+    near_keys: list[str] = field(default_factory=list)  # queries whose vectors are kept (rows of near_vectors)
+    near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
+    version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
+    about: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, tallies: Tallies, w_query: float, w_doc: float, pseudo: float, about: dict | None = None,
+              w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None):
+        """`vectors`: query key -> the query's vector (the impressions'), for the nearest-query term."""
+        prior = tallies.prior
+        pairs: dict[str, dict[str, float]] = {}
+        docs: dict[str, float] = {}
+        if prior > 0:
+            if w_query or w_near:
+                for (key, doc), (c, e) in tallies.pairs.items():
+                    pairs.setdefault(key, {})[doc] = log_ratio(c, e, prior, pseudo)
+            if w_doc:
+                docs = {doc: log_ratio(c, e, prior, pseudo) for doc, (c, e) in tallies.docs.items()}
+        keys, matrix = [], None
+        if w_near and vectors:
+            keys = [k for k in pairs if k in vectors][:MAX_NEAR]
+            if keys:
+                matrix = np.stack([vectors[k] for k in keys]).astype(np.float32)
+                matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+        return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, keys, matrix,
+                   about=dict(about or {}))
+
+    def nearest(self, key: str, vector) -> dict[str, float]:
+        """f of the nearest other remembered query (cos >= near_min), {} when there is none."""
+        if not self.w_near or vector is None or self.near_vectors is None:
+            return {}
+        v = np.asarray(vector, np.float32).reshape(-1)
+        sims = self.near_vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))
+        for j in np.argsort(-sims)[:2]:  # itself, when remembered, comes first
+            if sims[j] < self.near_min:
+                return {}
+            if self.near_keys[j] != key:
+                return self.pairs[self.near_keys[j]]
+        return {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.pairs.values()) + len(self.docs)
+
+    def boost(self, key: str, ids, vector=None) -> np.ndarray:
+        """w_q f(key, id) + w_n f(nearest query, id) + w_d f(id) for each id (0 without evidence): dictionary
+        look-ups, and one product with the remembered queries' vectors when the nearest-query term is on."""
+        pair, docs, wq, wd = self.pairs.get(key) if self.w_query else None, self.docs, self.w_query, self.w_doc
+        near = self.nearest(key, vector)
+        if pair is None and not docs and not near:
+            return np.zeros(len(ids))
+        pair, wn = pair or {}, self.w_near
+        return np.array([wq * pair.get(doc, 0.0) + wn * near.get(doc, 0.0) + wd * docs.get(doc, 0.0)
+                         for doc in ids])
+
+    @staticmethod
+    def key_of(query: str) -> str:
+        """The hash the impression recorder logs for this query (recorder.to_record)."""
+        return query_key(" ".join(query.split()))
+
+    # -- on disk ------------------------------------------------------------------------------------------------
+    def save(self, directory: Path) -> Path:
+        path = Path(directory) / FILE
+        vectors = {} if self.near_vectors is None else {k: pack(v) for k, v in zip(self.near_keys, self.near_vectors)}
+        path.write_text(json.dumps({"w_query": self.w_query, "w_doc": self.w_doc, "pseudo": self.pseudo,
+                                    "prior": self.prior, "w_near": self.w_near, "near_min": self.near_min,
+                                    "pairs": self.pairs, "docs": self.docs, "vectors": vectors,
+                                    "about": self.about}, separators=(",", ":")), encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, directory: Path) -> "ClickMemory":
+        raw = json.loads((Path(directory) / FILE).read_text(encoding="utf-8"))
+        vectors = raw.get("vectors") or {}
+        keys = list(vectors)
+        matrix = np.stack([unpack(vectors[k]) for k in keys]) if keys else None
+        return cls(float(raw["w_query"]), float(raw["w_doc"]), float(raw["pseudo"]), float(raw["prior"]),
+                   {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
+                   {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
+                   float(raw.get("near_min", 0.9)), keys, matrix, Path(directory).name, raw.get("about", {}))

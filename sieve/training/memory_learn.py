@@ -1,0 +1,173 @@
+"""`sieve feedback learn`'s click memory (sieve/feedback/memory.py): counted from the logs, weighed on validation,
+judged on held-out answers, published into the index.
+
+The logged /search answers are split three ways, as the CMC learner splits them (`--split`): by query (a stable
+hash of the query key: a query is on one side in every run) or by time (the latest answers held out, the latest of
+the rest validate). The memory counted from the fit answers is added to the served ranking (the served CMC's scores
+of each clicked answer's logged candidates, plus the memory served now, if any) with every (w_q, w_n, w_d, m,
+near_min) of the grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with
+the best mean IPS-DCG on the validation answers is kept (ties: the smaller weights; (0, 0) = nothing
+to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
+answers exactly as a CMC is (feedback_learn.compare / verdict: the 95% bootstrap lower bound of the IPS-DCG
+difference must be above 0, on at least `min_heldout` answers) and published only then: the memory judged is the
+memory published.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from sieve.feedback.dataset import ClickLists, Entry, build
+from sieve.feedback.memory import ClickMemory, Shown, tally
+from sieve.feedback.records import unpack
+from sieve.training.feedback_learn import compare, ips_dcg
+
+W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
+PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
+NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which the nearest remembered query counts
+
+
+def bucket(key: str) -> float:
+    """A query key's place in [0, 1): the same in every run, whatever other queries the logs hold."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+def side(key: str, t: float, heldout_from: float | None, validation_from: float | None, cfg) -> str:
+    if cfg.split == "time":
+        return "heldout" if t >= heldout_from else "validation" if t >= validation_from else "fit"
+    b = bucket(key)
+    return "heldout" if b < cfg.heldout else "validation" if b < cfg.heldout + cfg.validation * (1 - cfg.heldout) \
+        else "fit"
+
+
+def time_cuts(answers: list[Shown], cfg) -> tuple[float | None, float | None]:
+    """The answer times from which answers are held out / validate (split by time): shares of the answers with
+    clicks (the ones either side can be judged on), an unclicked answer goes with the clicked ones around it."""
+    if cfg.split != "time":
+        return None, None
+    times = sorted(a.t for a in answers if a.clicked)
+    if not times:
+        return float("inf"), float("inf")
+    held = len(times) - int(round(cfg.heldout * len(times)))
+    val = held - int(round(cfg.validation * held))
+    return (times[held] if held < len(times) else float("inf")), times[max(val, 0)]
+
+
+@dataclass
+class Scored:
+    """Clicked answers' candidate lists with the served CMC's scores, the served ranking's (the CMC's plus the memory
+    served now, if any) and each candidate's memory terms. A new memory replaces the served one: it is added to
+    `base`, never on top of the served memory."""
+    lists: ClickLists
+    base: np.ndarray  # (Q, K) the served CMC's scores (-inf on padding)
+    ids: list[list[str | None]]
+    served: np.ndarray | None = None  # (Q, K) what is served now; None = base (no memory served)
+
+    def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(f(query, doc), f(nearest other query, doc), f(doc)) per candidate, 0 without evidence."""
+        fq, fn, fd = np.zeros(self.base.shape), np.zeros(self.base.shape), np.zeros(self.base.shape)
+        for i, (key, ids) in enumerate(zip(self.lists.keys, self.ids)):
+            pair = memory.pairs.get(key, {})
+            near = memory.nearest(key, self.lists.query_vectors[i])
+            for j, doc in enumerate(ids):
+                if doc is not None:
+                    fq[i, j], fn[i, j], fd[i, j] = pair.get(doc, 0.0), near.get(doc, 0.0), memory.docs.get(doc, 0.0)
+        return fq, fn, fd
+
+    def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
+        """IPS-DCG per answer of the ranking with `memory` (None: the ranking served now)."""
+        if memory is None:
+            return ips_dcg(self.base if self.served is None else self.served, self.lists)
+        fq, fn, fd = self.terms(memory)
+        return ips_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
+
+
+def scored(entries: list[Entry], index, depth: int, served_scores, served_memory: ClickMemory | None) -> Scored:
+    lists, _ = build(entries, index, depth)
+    base = served_scores(lists).astype(np.float64)
+    ids = [[None if r < 0 else d for r, d in zip(rows, index.ids(np.clip(rows, 0, None)))] for rows in lists.rows]
+    out = Scored(lists, base, ids)
+    if served_memory is not None:  # the ranking served now has a memory too: that is what a new one must beat
+        fq, fn, fd = out.terms(served_memory)
+        out.served = base + served_memory.w_query * fq + served_memory.w_near * fn + served_memory.w_doc * fd
+    return out
+
+
+def spread(s: Scored) -> float:
+    """Median over lists of the std of the served scores of its 10 best candidates: the unit of the weight grid."""
+    tops = [np.sort(row[np.isfinite(row)])[::-1][:10] for row in s.base]
+    stds = [float(np.std(t)) for t in tops if len(t) > 1]
+    return float(np.median(stds)) if stds and np.median(stds) > 0 else 1.0
+
+
+def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: dict) -> tuple[dict, list]:
+    """The weights (w_q, w_n, w_d), m and near_min with the best mean validation IPS-DCG over the grid, and the
+    grid's best results."""
+    served = float(validation.dcg().mean())
+    best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
+                                 "near_min": NEAR_GRID[-1]}, served, []
+    tallies = tally(fit, props)
+    for m, near_min in itertools.product(PSEUDO_GRID, NEAR_GRID):
+        fq, fn, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, near_min=near_min,
+                                                        vectors=vectors))
+        for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
+            if not (a or b or c) or (not c and near_min != NEAR_GRID[-1]):
+                continue
+            value = float(ips_dcg(validation.base + unit * (a * fq + c * fn + b * fd), validation.lists).mean())
+            choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min}
+            results.append({**choice, "validation_ips_dcg": round(value, 5)})
+            if value > best_value + 1e-12:
+                best, best_value = choice, value
+    return best, [{"served_validation_ips_dcg": round(served, 5)}] + sorted(
+        results, key=lambda r: -r["validation_ips_dcg"])[:10]
+
+
+def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: float) -> tuple[ClickMemory | None, dict]:
+    """The memory to publish (None: refused, with the reason in the report) and the report."""
+    from sieve.training.feedback_learn import verdict
+
+    answers = logs.answers()
+    held_from, val_from = time_cuts(answers, cfg)
+    parts: dict[str, list[Shown]] = {"fit": [], "validation": [], "heldout": []}
+    for a in answers:
+        parts[side(a.key, a.t, held_from, val_from, cfg)].append(a)
+    entries, _ = logs.entries(props, clip)
+    lists = {"validation": [], "heldout": []}
+    for e in entries:
+        where = side(e.key, e.t, held_from, val_from, cfg)
+        if where in lists:
+            lists[where].append(e)
+    report = {"answers": {k: len(v) for k, v in parts.items()},
+              "clicked_answers": {k: len(v) for k, v in lists.items()}}
+    if sum(bool(a.clicked) for a in parts["fit"]) < 20 or not lists["validation"]:
+        report["not_installed"] = "too little feedback"
+        return None, report
+    vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
+    validation = scored(lists["validation"], index, cfg.depth, served_scores, served_memory)
+    unit = spread(validation)
+    chosen, grid = select(parts["fit"], validation, props, unit, vectors)
+    report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
+    memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
+                               chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
+                                                  "propensity": props.source},
+                               chosen["w_near"], chosen["near_min"], vectors)
+    held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory) if lists["heldout"] else None
+    if held is None or not len(held.lists):
+        report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
+    else:
+        served_dcg = held.dcg()
+        report["guard"] = {**compare(held.dcg(memory) - served_dcg, cfg),
+                           "served_ips_dcg": round(float(served_dcg.mean()), 5)}
+    if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
+        refused = "no memory weight beat the served ranking on the validation answers"
+    else:
+        refused = verdict(report["guard"], 1, cfg)
+    report["entries"] = len(memory)
+    if refused:
+        report["not_installed"] = refused
+        return None, report
+    memory.about["guard"] = report["guard"]
+    return memory, report
