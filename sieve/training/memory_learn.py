@@ -8,9 +8,10 @@ of each clicked answer's logged candidates, plus the memory served now, if any) 
 near_min) of the grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with
 the best mean IPS-DCG on the validation answers is kept (ties: the smaller weights; (0, 0) = nothing
 to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
-answers exactly as a CMC is (feedback_learn.compare / verdict: the 95% bootstrap lower bound of the IPS-DCG
-difference must be above 0, on at least `min_heldout` answers) and published only then: the memory judged is the
-memory published.
+answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
+answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must
+clearly beat the ranking without a memory and not be below the served memory) and published only then: the memory
+judged is the memory published.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 from sieve.feedback.dataset import ClickLists, Entry, build
 from sieve.feedback.memory import ClickMemory, Shown, tally
 from sieve.feedback.records import unpack
-from sieve.training.feedback_learn import compare, ips_dcg
+from sieve.training.feedback_learn import compare, ips_dcg, verdict
 
 W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
@@ -125,10 +126,27 @@ def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: di
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
 
 
+def memory_verdict(guard: dict, cfg) -> str | None:
+    """Why a new memory must not be published (None: publish). The first memory must clearly beat the served ranking
+    (feedback_learn.verdict: the 95% lower bound of the held-out IPS-DCG difference above 0). An update, judged on
+    answers the served memory ranked itself, must clearly beat the ranking without any memory and must not be below
+    the served memory (difference >= 0): the estimate favours the served memory (what it promoted was shown high and
+    clicked; what it demoted was seldom shown), so requiring it to be clearly beaten would stop the memory improving
+    once one is served (RESULTS.md, the head-query runs)."""
+    if "vs_no_memory" not in guard or guard["heldout_answers"] < cfg.min_heldout:
+        return verdict(guard, 1, cfg)
+    base = guard["vs_no_memory"]
+    if base["interval"][0] <= 0:
+        return (f"not better than the ranking without a click memory on held-out feedback: IPS-DCG difference "
+                f"{base['delta']} with 95% interval {base['interval']} (the lower bound must be above 0)")
+    if guard["delta"] < 0:
+        return (f"below the served click memory on held-out feedback: IPS-DCG difference {guard['delta']} with 95% "
+                f"interval {guard['interval']} (an update must not be below the served memory)")
+    return None
+
+
 def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: float) -> tuple[ClickMemory | None, dict]:
     """The memory to publish (None: refused, with the reason in the report) and the report."""
-    from sieve.training.feedback_learn import verdict
-
     answers = logs.answers()
     held_from, val_from = time_cuts(answers, cfg)
     parts: dict[str, list[Shown]] = {"fit": [], "validation": [], "heldout": []}
@@ -158,13 +176,14 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
     else:
-        served_dcg = held.dcg()
-        report["guard"] = {**compare(held.dcg(memory) - served_dcg, cfg),
-                           "served_ips_dcg": round(float(served_dcg.mean()), 5)}
+        served_dcg, new_dcg = held.dcg(), held.dcg(memory)
+        report["guard"] = {**compare(new_dcg - served_dcg, cfg), "served_ips_dcg": round(float(served_dcg.mean()), 5)}
+        if served_memory is not None:  # an update: also judged against the ranking without any memory
+            report["guard"]["vs_no_memory"] = compare(new_dcg - ips_dcg(held.base, held.lists), cfg)
     if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
         refused = "no memory weight beat the served ranking on the validation answers"
     else:
-        refused = verdict(report["guard"], 1, cfg)
+        refused = memory_verdict(report["guard"], cfg)
     report["entries"] = len(memory)
     if refused:
         report["not_installed"] = refused

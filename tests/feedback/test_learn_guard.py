@@ -94,10 +94,10 @@ def test_too_little_heldout_feedback_is_refused():
     assert verdict({**report, "heldout_answers": 50}, 100, LearnConfig(min_heldout=50)) is None
 
 
-def logs_of(docs, queries, index, adversarial_until: int, sessions: int, seed: int):
+def logs_of(docs, queries, index, adversarial_until: int, sessions: int, seed: int, wanted_rank: int | None = None):
     """Logged answers (impressions + click events) of title queries: before session `adversarial_until` the user
-    clicks the lowest shown document that is not the query's own; from it on, the query's own document when shown
-    and examined ((1/rank)^1)."""
+    clicks the lowest shown document that is not the wanted one; from it on, the wanted one when shown and examined
+    ((1/rank)^1). The wanted document: the query's own, or (`wanted_rank`) the one the bi-encoder ranks there."""
     from sieve.feedback.dataset import Logs
     from sieve.feedback.memory import ClickMemory
     from sieve.feedback.records import pack
@@ -111,31 +111,33 @@ def logs_of(docs, queries, index, adversarial_until: int, sessions: int, seed: i
         be = vectors @ queries[i]
         order = np.argsort(-be)[:30]
         shown = [ids[j] for j in order[:SHOWN]]
+        wanted = docs[i].id if wanted_rank is None else shown[wanted_rank - 1]
         rid = f"r{s}"
         impressions[rid] = {"request_id": rid, "t": float(s), "endpoint": "/search", "swap": None,
                             "query_key": ClickMemory.key_of(docs[i].title), "shown": shown,
                             "candidates": [ids[j] for j in order], "vector": pack(queries[i]),
                             "be": pack(be[order]), "bm25": pack(np.zeros(len(order)))}
         if s < adversarial_until:
-            clicked = next(d for d in reversed(shown) if d != docs[i].id)
-        elif docs[i].id in shown and rng.random() < 1 / (shown.index(docs[i].id) + 1):
-            clicked = docs[i].id
+            clicked = next(d for d in reversed(shown) if d != wanted)
+        elif wanted in shown and rng.random() < 1 / (shown.index(wanted) + 1):
+            clicked = wanted
         else:
             continue
         events.append({"request_id": rid, "doc_id": clicked, "type": "click"})
     return Logs(impressions, events)
 
 
-def memory_learned(world, adversarial_until: int):
+def memory_learned(world, adversarial_until: int, served_memory=None, sessions: int = 900,
+                   wanted_rank: int | None = None):
     from sieve.training.feedback_config import LearnConfig
     from sieve.training.feedback_learn import Vectors, scores_of
     from sieve.training.memory_learn import learn_memory
 
     index, served, docs, queries = world
     cfg = LearnConfig(depth=30, split="time", min_heldout=20)
-    logs = logs_of(docs, queries, index, adversarial_until, 900, seed=3)
+    logs = logs_of(docs, queries, index, adversarial_until, sessions, seed=3, wanted_rank=wanted_rank)
     return learn_memory(cfg, logs, propensity.default(), index,
-                        lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+                        lambda lists: scores_of(served, lists, Vectors(index, lists)), served_memory, 20.0)
 
 
 def test_the_guard_refuses_a_click_memory_built_from_adversarial_clicks(world):
@@ -149,3 +151,40 @@ def test_the_guard_refuses_a_click_memory_built_from_adversarial_clicks(world):
     assert "not better than the served model" in report["not_installed"]
     good, good_report = memory_learned(world, adversarial_until=0)
     assert good_report["guard"]["delta"] > report["guard"]["delta"]
+
+
+def test_a_memory_update_is_judged_against_no_memory_and_the_served_one(world):
+    """With a memory served, an update built from genuine clicks is published when it clearly beats the ranking
+    without a memory and is not below the served one; one built from adversarial clicks is refused on both counts.
+    The users want the document the bi-encoder ranks third (so a memory has something to move)."""
+    first, _ = memory_learned(world, adversarial_until=0, sessions=450, wanted_rank=3)
+    assert first is not None
+    good, report = memory_learned(world, adversarial_until=0, served_memory=first, wanted_rank=3)
+    guard = report["guard"]
+    assert guard["vs_no_memory"]["interval"][0] > 0 and guard["delta"] >= 0
+    assert good is not None, report.get("not_installed")
+    # the first half adversarial: the held-out latest 20% of clicked answers are all genuine
+    bad, bad_report = memory_learned(world, adversarial_until=450, served_memory=first, wanted_rank=3)
+    assert bad is None
+    assert bad_report["guard"]["delta"] < 0 and bad_report["guard"]["vs_no_memory"]["delta"] < 0
+    assert "not better than the ranking without a click memory" in bad_report["not_installed"]
+
+
+def test_the_memory_update_rule():
+    """An update clearly better than no memory but only level with the served one (the estimate that favours what
+    is served) is published; below the served one, or not clearly better than none, it is refused; a first memory
+    keeps the strict rule."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.memory_learn import memory_verdict
+
+    cfg = LearnConfig(min_heldout=50)
+    level = {"heldout_answers": 440, "delta": 0.005, "interval": [-0.021, 0.034],
+             "vs_no_memory": {"heldout_answers": 440, "delta": 0.138, "interval": [0.102, 0.173]}}
+    assert memory_verdict(level, cfg) is None
+    assert "below the served click memory" in memory_verdict({**level, "delta": -0.001}, cfg)
+    unclear = {**level, "vs_no_memory": {**level["vs_no_memory"], "interval": [-0.01, 0.2]}}
+    assert "without a click memory" in memory_verdict(unclear, cfg)
+    assert "too little held-out feedback" in memory_verdict({**level, "heldout_answers": 49}, cfg)
+    first = {k: v for k, v in level.items() if k != "vs_no_memory"}
+    assert "not better than the served model" in memory_verdict(first, cfg)
+    assert memory_verdict({**first, "interval": [0.001, 0.03]}, cfg) is None
