@@ -128,7 +128,8 @@ class ClickMemory:
             return {}
         v = np.asarray(vector, np.float32).reshape(-1)
         sims = self.near_vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))
-        for j in np.argsort(-sims)[:2]:  # itself, when remembered, comes first
+        top = np.argpartition(-sims, 1)[:2] if len(sims) > 2 else np.arange(len(sims))
+        for j in top[np.argsort(-sims[top])]:  # itself, when remembered, comes first
             if sims[j] < self.near_min:
                 return {}
             if self.near_keys[j] != key:
@@ -139,15 +140,24 @@ class ClickMemory:
         return sum(len(v) for v in self.pairs.values()) + len(self.docs)
 
     def boost(self, key: str, ids, vector=None) -> np.ndarray:
-        """w_q f(key, id) + w_n f(nearest query, id) + w_d f(id) for each id (0 without evidence): dictionary
-        look-ups, and one product with the remembered queries' vectors when the nearest-query term is on."""
-        pair, docs, wq, wd = self.pairs.get(key) if self.w_query else None, self.docs, self.w_query, self.w_doc
-        near = self.nearest(key, vector)
-        if pair is None and not docs and not near:
-            return np.zeros(len(ids))
-        pair, wn = pair or {}, self.w_near
-        return np.array([wq * pair.get(doc, 0.0) + wn * near.get(doc, 0.0) + wd * docs.get(doc, 0.0)
-                         for doc in ids])
+        """w_q f(key, id) + w_n f(nearest query, id) + w_d f(id) for each id (0 without evidence). The per-query
+        tables are small (the documents a query's users saw): they are walked and placed by position; the
+        per-document table is looked up once per id; one product with the remembered queries' vectors when the
+        nearest-query term is on."""
+        out = np.zeros(len(ids))
+        if self.w_doc and self.docs:
+            docs = self.docs
+            out += self.w_doc * np.fromiter((docs.get(doc, 0.0) for doc in ids), np.float64, len(ids))
+        tables = [(t, w) for t, w in ((self.pairs.get(key) if self.w_query else None, self.w_query),
+                                       (self.nearest(key, vector), self.w_near)) if t]
+        if tables:
+            at = {doc: i for i, doc in enumerate(ids)}
+            for table, weight in tables:
+                for doc, f in table.items():
+                    i = at.get(doc)
+                    if i is not None:
+                        out[i] += weight * f
+        return out
 
     @staticmethod
     def key_of(query: str) -> str:

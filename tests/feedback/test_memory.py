@@ -4,6 +4,7 @@ falls, `score` never increases), it survives a save and load, and the store publ
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sieve.feedback import propensity
 from sieve.feedback.memory import ClickMemory, Shown, log_ratio, tally
@@ -108,3 +109,29 @@ def test_nearest_term_survives_save_and_load(tmp_path):
     assert again.w_near == 2.0 and again.near_keys == [key]
     probe = np.array([0.1, 1.0])
     assert np.allclose(again.boost("other", ["a", "b"], probe), memory.boost("other", ["a", "b"], probe))
+
+
+def test_boost_adds_the_three_terms_per_candidate():
+    """boost() against its formula, w_q f(q, d) + w_n f(nearest query, d) + w_d f(d), on random tables: documents
+    in one table, several or none, the query itself remembered and the nearest other query within near_min."""
+    rng = np.random.default_rng(0)
+    ids = [f"d{i}" for i in range(200)]
+    pairs = {"q": {d: float(rng.normal()) for d in rng.choice(ids, 30, replace=False)},
+             "near": {d: float(rng.normal()) for d in rng.choice(ids + ["gone"], 40, replace=False)},
+             "far": {d: float(rng.normal()) for d in rng.choice(ids, 40, replace=False)}}
+    docs = {d: float(rng.normal()) for d in rng.choice(ids + ["gone"], 120, replace=False)}
+    v = rng.normal(size=8).astype(np.float32)
+    near = v + 0.1 * rng.normal(size=8).astype(np.float32)
+    vectors = np.stack([v, near, rng.normal(size=8).astype(np.float32)])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    memory = ClickMemory(0.7, 0.3, 5.0, 0.1, pairs, docs, w_near=0.5, near_min=0.9, near_keys=["q", "near", "far"],
+                         near_vectors=vectors)
+    shuffled = list(rng.permutation(ids))
+    got = memory.boost("q", shuffled, v)
+    want = [0.7 * pairs["q"].get(d, 0) + 0.5 * pairs["near"].get(d, 0) + 0.3 * docs.get(d, 0) for d in shuffled]
+    np.testing.assert_allclose(got, want)
+    assert memory.boost("unknown", shuffled, v).tolist() == pytest.approx(  # nearest to an unknown query: "q"
+        [0.5 * pairs["q"].get(d, 0) + 0.3 * docs.get(d, 0) for d in shuffled])
+    memory.w_doc = 0.0
+    assert memory.boost("q", shuffled, -v).any()  # the query's own pairs still count
+    assert memory.boost("unknown", shuffled, -v).tolist() == [0.0] * len(ids)  # nothing near, no doc term
