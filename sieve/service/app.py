@@ -130,12 +130,12 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
         searcher.index.on_call = metrics.observe_index_call
         searcher.index.note("start", searcher.index.meta is not None)  # opened while Qdrant answered, or not
         state.updater = QdrantUpdater(searcher, encoders, lambda index: on_swap(index, None), state.cmc.check,
-                                      settings.index_poll_s)
+                                      settings.poll_s())
     else:
         state.updater = IndexUpdater(searcher, settings.index_dir, encoders,
                                      lambda: load_index(settings, searcher.biencoder, torch.device(components.device),
                                                         searcher.cmc),
-                                     settings.write_batch_wait_ms, on_swap, settings.index_poll_s,
+                                     settings.write_batch_wait_ms, on_swap, settings.poll_s(),
                                      settings.merge_policy(), on_check=lambda: check_beside(state),
                                      catch_up=(settings.workers or 1) > 1)
     metrics.set_index(searcher.index)

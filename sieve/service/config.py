@@ -16,6 +16,7 @@ SHIPPED = "shipped:"  # SIEVE_*_PATH prefix: a checkpoint shipped in the package
 
 # /rerank's work cap on 2 CPU cores: the one place its default lives (a device-aware default can start from it)
 RERANK_MAX_TOKENS_CPU = 16_384
+WORKERS_POLL_S = 2.0  # with several workers and SIEVE_INDEX_POLL_S=0: how often each looks for a new CMC or click memory
 
 
 class Settings(BaseSettings):
@@ -124,7 +125,7 @@ class Settings(BaseSettings):
     # live index updates
     documents_max_batch: int = Field(1000, ge=1, description="Most documents in one POST /documents.")
     write_batch_wait_ms: float = Field(20.0, ge=0, le=10000, description="Group commit: wait this long for more writes before one new version.")
-    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version (and swap in an adapted CMC that `sieve adapt` published, when SIEVE_CMC_PATH is unset; on a Qdrant collection only the latter: every search reads Qdrant), checked this often; 0 = only on POST /admin/index/reload.")
+    index_poll_s: float = Field(0, ge=0, description="Reload when another writer published a newer version (and swap in an adapted CMC that `sieve adapt` published, when SIEVE_CMC_PATH is unset, and a click memory that `sieve feedback learn` published; on a Qdrant collection only the CMC: every search reads Qdrant), checked this often; 0 = only on POST /admin/index/reload, except with several worker processes, which look every 2 s (a reload reaches the one worker that answers it).")
     ann_min_rows: int = Field(50_000, ge=1, description="`sieve index build --faiss auto` (the default): an index segment of at least this many rows gets an IVF index (approximate, recall measured in docs/index.md), smaller ones are searched exactly.")
     index_merge: bool = Field(True, description="Merge index segments in the background after writes (SIEVE_INDEX_MAX_SEGMENTS, SIEVE_INDEX_COMPACT_DELETED_FRACTION); false = only `sieve index compact`.")
     index_max_segments: int = Field(10, ge=1, description="More segments than this after a write: merge the SIEVE_INDEX_MERGE_WIDTH adjacent segments holding the fewest rows.")
@@ -238,6 +239,15 @@ class Settings(BaseSettings):
         trained = trained_lengths(path)
         return PairLengths(self.ce_query_max_length or trained.query_max_length,
                            self.ce_max_length or trained.max_length)
+
+    def poll_s(self) -> float:
+        """How often the index writer thread (on Qdrant, the updater) looks for what another process published:
+        SIEVE_INDEX_POLL_S, or WORKERS_POLL_S with several workers when it is 0, so that an adapted CMC or a click
+        memory published after a reload that reached one worker reaches the others too (new index versions they
+        catch up on before each request)."""
+        if self.index_poll_s or (self.workers or 1) <= 1:
+            return self.index_poll_s
+        return WORKERS_POLL_S
 
     def merge_policy(self):
         """When segments are merged after writes (None: never, only `sieve index compact`)."""

@@ -1,6 +1,7 @@
 """`sieve serve` with two worker processes on one port and one index directory (service/workers.py), as a real
-subprocess: a write through one worker is read through the other, /metrics adds up both, a SIGKILLed worker is
-replaced without losing an acknowledged write, and SIGTERM lets both finish what they have in flight.
+subprocess: a write through one worker is read through the other, a published click memory reaches both, /metrics
+adds up both, a SIGKILLed worker is replaced without losing an acknowledged write, and SIGTERM lets both finish what
+they have in flight.
 The tests share one server and run in file order; the SIGTERM test ends it."""
 from __future__ import annotations
 
@@ -95,6 +96,38 @@ def test_a_click_sent_to_another_worker_is_checked_against_what_the_first_showed
         assert ok.status_code == 200 and ok.json()["accepted"] == 1, ok.text
         not_shown = b.post("/feedback", json={"events": [{"request_id": rid, "doc_id": "not-shown-anywhere"}]})
         assert not_shown.status_code == 422 and not_shown.json()["error"]["code"] == "document_not_shown"
+        assert worker_of(a) != worker_of(b)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_published_click_memory_reaches_every_worker(team):
+    """`sieve feedback learn` publishes into the index's click store; no reload is sent (one would reach one worker):
+    each worker looks on its own (Settings.poll_s: every 2 s with several workers) and both serve the memory."""
+    from sieve.feedback.memory import ClickMemory
+    from sieve.feedback.memory_store import MemoryStore
+
+    query = "how do volcanoes erupt"
+    a, b = clients_on_two_workers(team)
+    try:
+        body = {"query": query, "top_k": 5, "retriever": "bm25"}
+        lowest = a.post("/search", json=body, headers={"Cache-Control": "no-cache"}).json()["results"][-1]["id"]
+        memory = ClickMemory(1.0, 0.0, 5.0, 0.1, {ClickMemory.key_of(query): {lowest: 3.0}}, {})
+        store = MemoryStore(team.index)
+        work = store.new_work_dir()
+        memory.save(work)
+        published = store.publish(work).name
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            served = [(c.get("/readyz").json().get("click_memory") or {}).get("version") for c in (a, b)]
+            if served == [published, published]:
+                break
+            time.sleep(0.2)
+        assert served == [published, published]
+        for c in (a, b):
+            top = c.post("/search", json=body, headers={"Cache-Control": "no-cache"}).json()["results"]
+            assert top[0]["id"] == lowest and "clicks" in top[0]["scores"]
         assert worker_of(a) != worker_of(b)
     finally:
         a.close()
