@@ -83,6 +83,23 @@ class Bounded:
         if not self.transport.is_closing():
             self.transport.close()
 
+    def body_still_arriving(self) -> bool:
+        """Whether the current request's body is still being received (each parser knows it its own way)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """On SIGTERM: a connection still sending its request body is closed at once (its request has not started:
+        nobody is owed an answer; uvicorn would wait for it until SIEVE_BODY_TIMEOUT_S). Idle connections are closed
+        and requests whose body is in are answered, as uvicorn does."""
+        if self.cycle is not None and not self.cycle.response_complete and self.body_still_arriving():
+            self.transport.close()
+            return
+        super().shutdown()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm_header_timer()
+        super().connection_lost(exc)
+
 
 class OneWrite:
     """The transport of one request/response cycle as uvicorn's httptools cycle sees it: the response's status line
@@ -170,18 +187,8 @@ class BoundedHttpToolsProtocol(Bounded, HttpToolsProtocol or object):
         if not self.transport.is_closing():
             self.arm_header_timer()  # the next request on this connection gets the same time for its headers
 
-    def shutdown(self) -> None:
-        """On SIGTERM: a connection still sending its request body is closed at once (its request has not started:
-        nobody is owed an answer; uvicorn would wait for it until SIEVE_BODY_TIMEOUT_S). Idle connections are closed
-        and requests whose body is in are answered, as uvicorn does."""
-        if self.cycle is not None and not self.cycle.response_complete and self.cycle.more_body:
-            self.transport.close()
-            return
-        super().shutdown()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.disarm_header_timer()
-        super().connection_lost(exc)
+    def body_still_arriving(self) -> bool:
+        return self.cycle.more_body
 
 
 class BoundedH11Protocol(Bounded, H11Protocol):
@@ -215,16 +222,8 @@ class BoundedH11Protocol(Bounded, H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete and self.header_timer is not None:
             self.disarm_header_timer()  # a request's headers are in: the body has SIEVE_BODY_TIMEOUT_S
 
-    def shutdown(self) -> None:
-        """On SIGTERM: as BoundedHttpToolsProtocol.shutdown."""
-        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.SEND_BODY:
-            self.transport.close()
-            return
-        super().shutdown()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.disarm_header_timer()
-        super().connection_lost(exc)
+    def body_still_arriving(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY
 
 
 # the protocol uvicorn is handed by name (the supervisor's workers): httptools where installed

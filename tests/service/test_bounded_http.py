@@ -105,9 +105,11 @@ def test_a_client_that_hangs_up_stops_its_work(default_server):
         assert partial() == partial_before + 1  # stopped at a batch boundary, not run to the end
 
 
-def test_sigterm_closes_slow_uploads_at_once(demo_index, tmp_path):
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_sigterm_closes_slow_uploads_at_once(demo_index, tmp_path, parser):
     """Connections still sending a body are closed on SIGTERM: the server does not wait for their 408s."""
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_BODY_TIMEOUT_S": "300"}, tmp_path / "server.log")
+    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_BODY_TIMEOUT_S": "300", "SIEVE_HTTP_PARSER": parser},
+                 tmp_path / "server.log")
     socks = []
     try:
         for _ in range(5):
