@@ -3,11 +3,11 @@ judged on held-out answers, published into the index.
 
 The logged /search answers are split three ways, as the CMC learner splits them (`--split`): by query (a stable
 hash of the query key: a query is on one side in every run) or by time (the latest answers held out, the latest of
-the rest validate). The memory counted from the fit answers is added to the served ranking (the served CMC's scores
-of each clicked answer's logged candidates, plus the memory served now, if any) with every (w_q, w_n, w_d, m,
-near_min) of the grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with
-the best mean IPS-DCG on the validation answers is kept (ties: the smaller weights; (0, 0) = nothing
-to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
+the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
+answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min) of the
+grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with the best mean
+IPS-DCG on the validation answers is kept if it beats the ranking without a memory (ties: the smaller weights; all 0
+= nothing to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
 answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
 answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must
 clearly beat the ranking without a memory and not be below the served memory) and published only then: the memory
@@ -106,10 +106,12 @@ def spread(s: Scored) -> float:
 
 def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: dict) -> tuple[dict, list]:
     """The weights (w_q, w_n, w_d), m and near_min with the best mean validation IPS-DCG over the grid, and the
-    grid's best results."""
-    served = float(validation.dcg().mean())
+    grid's best results. A choice must beat the ranking without a memory (none does: all weights 0, nothing to
+    publish), not the memory served now: on answers that memory ranked the estimate favours it (memory_verdict), and
+    the held-out guard judges the choice against both."""
+    served, none = float(validation.dcg().mean()), float(ips_dcg(validation.base, validation.lists).mean())
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
-                                 "near_min": NEAR_GRID[-1]}, served, []
+                                 "near_min": NEAR_GRID[-1]}, none, []
     tallies = tally(fit, props)
     for m, near_min in itertools.product(PSEUDO_GRID, NEAR_GRID):
         fq, fn, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, near_min=near_min,
@@ -122,7 +124,7 @@ def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: di
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
-    return best, [{"served_validation_ips_dcg": round(served, 5)}] + sorted(
+    return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5)}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
 
 
@@ -181,7 +183,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         if served_memory is not None:  # an update: also judged against the ranking without any memory
             report["guard"]["vs_no_memory"] = compare(new_dcg - ips_dcg(held.base, held.lists), cfg)
     if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
-        refused = "no memory weight beat the served ranking on the validation answers"
+        refused = "no memory weight beat the ranking without a memory on the validation answers"
     else:
         refused = memory_verdict(report["guard"], cfg)
     report["entries"] = len(memory)
