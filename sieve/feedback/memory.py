@@ -14,7 +14,8 @@ with evidence are kept.
 
 At /search (`rerank`), after the last ranking stage scored all the candidates and before the top_k cut:
     score' = score + w_q x f(query, document) + w_d x f(document)
-         (+ w_n x f(nearest other remembered query, document), when its query vector's cosine >= near_min)
+         (+ w_n x f(nearest other remembered queries, document): the cosine-weighted mean of f over the near_k
+            remembered queries closest to this one by query vector, those with cosine >= near_min)
 where `score` is the answer's own `score` (never increasing down the list), and the list is sorted by score' again
 (stable): a clicked document deeper in the candidates can rise, one examined often and never clicked can fall.
 The query is found by the hash the impression recorder logs (records.query_key of the whitespace-normalised query).
@@ -93,8 +94,9 @@ class ClickMemory:
     prior: float
     pairs: dict[str, dict[str, float]]  # query key -> doc id -> f
     docs: dict[str, float]  # doc id -> f
-    w_near: float = 0.0  # weight of the nearest other remembered query's f (by query vector), when cos >= near_min
+    w_near: float = 0.0  # weight of the nearest other remembered queries' f (by query vector), when cos >= near_min
     near_min: float = 0.9
+    near_k: int = 1  # how many of the nearest remembered queries (cos >= near_min) the term averages
     near_keys: list[str] = field(default_factory=list)  # queries whose vectors are kept (rows of near_vectors)
     near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
     version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
@@ -102,7 +104,8 @@ class ClickMemory:
 
     @classmethod
     def build(cls, tallies: Tallies, w_query: float, w_doc: float, pseudo: float, about: dict | None = None,
-              w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None):
+              w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None,
+              near_k: int = 1):
         """`vectors`: query key -> the query's vector (the impressions'), for the nearest-query term."""
         prior = tallies.prior
         pairs: dict[str, dict[str, float]] = {}
@@ -119,22 +122,27 @@ class ClickMemory:
             if keys:
                 matrix = np.stack([vectors[k] for k in keys]).astype(np.float32)
                 matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
-        return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, keys, matrix,
-                   about=dict(about or {}))
+        return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, near_k, keys,
+                   matrix, about=dict(about or {}))
 
     def nearest(self, key: str, vector) -> dict[str, float]:
-        """f of the nearest other remembered query (cos >= near_min), {} when there is none."""
+        """f of the nearest other remembered queries (up to near_k with cos >= near_min; more than one: their
+        cosine-weighted mean, a document one of them has no evidence for counting 0 there), {} when there is none."""
         if not self.w_near or vector is None or self.near_vectors is None:
             return {}
         v = np.asarray(vector, np.float32).reshape(-1)
         sims = self.near_vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))
-        top = np.argpartition(-sims, 1)[:2] if len(sims) > 2 else np.arange(len(sims))
-        for j in top[np.argsort(-sims[top])]:  # itself, when remembered, comes first
-            if sims[j] < self.near_min:
-                return {}
-            if self.near_keys[j] != key:
-                return self.pairs[self.near_keys[j]]
-        return {}
+        n = min(len(sims), self.near_k + 1)  # itself, when remembered, is among them
+        top = np.argpartition(-sims, n - 1)[:n] if len(sims) > n else np.arange(len(sims))
+        near = [(self.near_keys[j], float(sims[j])) for j in top[np.argsort(-sims[top], kind="stable")]
+                if sims[j] >= self.near_min and self.near_keys[j] != key][:self.near_k]
+        if len(near) <= 1:
+            return self.pairs[near[0][0]] if near else {}
+        total, mean = sum(sim for _, sim in near), defaultdict(float)
+        for other, sim in near:
+            for doc, f in self.pairs[other].items():
+                mean[doc] += sim / total * f
+        return mean
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.pairs.values()) + len(self.docs)
@@ -170,6 +178,7 @@ class ClickMemory:
         vectors = {} if self.near_vectors is None else {k: pack(v) for k, v in zip(self.near_keys, self.near_vectors)}
         path.write_text(json.dumps({"w_query": self.w_query, "w_doc": self.w_doc, "pseudo": self.pseudo,
                                     "prior": self.prior, "w_near": self.w_near, "near_min": self.near_min,
+                                    "near_k": self.near_k,
                                     "pairs": self.pairs, "docs": self.docs, "vectors": vectors,
                                     "about": self.about}, separators=(",", ":")), encoding="utf-8")
         return path
@@ -183,4 +192,5 @@ class ClickMemory:
         return cls(float(raw["w_query"]), float(raw["w_doc"]), float(raw["pseudo"]), float(raw["prior"]),
                    {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
                    {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
-                   float(raw.get("near_min", 0.9)), keys, matrix, Path(directory).name, raw.get("about", {}))
+                   float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix, Path(directory).name,
+                   raw.get("about", {}))

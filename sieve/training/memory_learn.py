@@ -4,10 +4,11 @@ judged on held-out answers, published into the index.
 The logged /search answers are split three ways, as the CMC learner splits them (`--split`): by query (a stable
 hash of the query key: a query is on one side in every run) or by time (the latest answers held out, the latest of
 the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
-answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min) of the
-grid (w_n: the nearest other remembered query's term, by the logged query vectors); the one with the best mean
-IPS-DCG on the validation answers is kept if it beats the ranking without a memory (ties: the smaller weights; all 0
-= nothing to publish). The memory counted from fit + validation answers with those weights is then judged on the held-out
+answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
+of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
+near_k of them); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
+a memory (ties: the smaller weights; all 0 = nothing to publish). The memory counted from fit + validation answers
+with those weights is then judged on the held-out
 answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
 answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must
 clearly beat the ranking without a memory and not be below the served memory) and published only then: the memory
@@ -28,7 +29,8 @@ from sieve.training.feedback_learn import compare, ips_dcg, verdict
 
 W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
-NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which the nearest remembered query counts
+NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which a near remembered query counts
+NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
 
 
 def bucket(key: str) -> float:
@@ -105,22 +107,23 @@ def spread(s: Scored) -> float:
 
 
 def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: dict) -> tuple[dict, list]:
-    """The weights (w_q, w_n, w_d), m and near_min with the best mean validation IPS-DCG over the grid, and the
+    """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean validation IPS-DCG over the grid, and the
     grid's best results. A choice must beat the ranking without a memory (none does: all weights 0, nothing to
     publish), not the memory served now: on answers that memory ranked the estimate favours it (memory_verdict), and
     the held-out guard judges the choice against both."""
     served, none = float(validation.dcg().mean()), float(ips_dcg(validation.base, validation.lists).mean())
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
-                                 "near_min": NEAR_GRID[-1]}, none, []
+                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = tally(fit, props)
-    for m, near_min in itertools.product(PSEUDO_GRID, NEAR_GRID):
+    for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
         fq, fn, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, near_min=near_min,
-                                                        vectors=vectors))
+                                                        vectors=vectors, near_k=near_k))
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
-            if not (a or b or c) or (not c and near_min != NEAR_GRID[-1]):
+            if not (a or b or c) or (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
             value = float(ips_dcg(validation.base + unit * (a * fq + c * fn + b * fd), validation.lists).mean())
-            choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min}
+            choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
+                      "near_k": near_k}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
@@ -173,7 +176,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
                                                   "propensity": props.source},
-                               chosen["w_near"], chosen["near_min"], vectors)
+                               chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"])
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory) if lists["heldout"] else None
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}

@@ -3,6 +3,8 @@ list by score plus its boost (a clicked document from deep in the list rises, on
 falls, `score` never increases), it survives a save and load, and the store publishes atomically."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,33 @@ def test_boost_adds_the_three_terms_per_candidate():
     memory.w_doc = 0.0
     assert memory.boost("q", shuffled, -v).any()  # the query's own pairs still count
     assert memory.boost("unknown", shuffled, -v).tolist() == [0.0] * len(ids)  # nothing near, no doc term
+
+
+def test_the_nearest_queries_term_averages_up_to_near_k_by_cosine(tmp_path):
+    """near_k = 1: the single nearest other query's f (as before near_k existed); near_k = 2: the cosine-weighted mean
+    of the two nearest (a document only one of them has evidence for counts 0 for the other); below near_min: none;
+    a memory saved without near_k loads as 1."""
+    v = np.array([1.0, 0.0], np.float32)
+    a, b, far = np.array([0.99, 0.141], np.float32), np.array([0.9, 0.436], np.float32), np.array([0.0, 1.0], np.float32)
+    vectors = np.stack([a, b, far]) / np.linalg.norm(np.stack([a, b, far]), axis=1, keepdims=True)
+    pairs = {"a": {"x": 2.0, "y": 1.0}, "b": {"x": -1.0, "z": 3.0}, "far": {"x": 3.0}}
+    one = ClickMemory(0.0, 0.0, 5.0, 0.1, pairs, {}, w_near=1.0, near_min=0.85, near_k=1, near_keys=["a", "b", "far"],
+                      near_vectors=vectors)
+    assert one.nearest("new", v) == pairs["a"]
+    assert one.nearest("a", v) == pairs["b"]  # never itself
+    two = ClickMemory(0.0, 0.0, 5.0, 0.1, pairs, {}, w_near=1.0, near_min=0.85, near_k=2, near_keys=["a", "b", "far"],
+                      near_vectors=vectors)
+    sa, sb = float(vectors[0] @ v), float(vectors[1] @ v)
+    got = two.nearest("new", v)
+    assert got["x"] == pytest.approx((2.0 * sa - 1.0 * sb) / (sa + sb))
+    assert got["y"] == pytest.approx(sa / (sa + sb)) and got["z"] == pytest.approx(3 * sb / (sa + sb))
+    assert "far" not in got and two.nearest("new", np.array([-1.0, 0.0], np.float32)) == {}
+    assert ClickMemory(0.0, 0.0, 5.0, 0.1, pairs, {}, w_near=1.0, near_min=0.95, near_k=2, near_keys=["a", "b", "far"],
+                       near_vectors=vectors).nearest("new", v) == pairs["a"]  # only a is within 0.95
+    np.testing.assert_allclose(two.boost("new", ["x", "y", "z", "w"], v), [got["x"], got["y"], got["z"], 0.0])
+    two.save(tmp_path)
+    assert ClickMemory.load(tmp_path).near_k == 2
+    raw = json.loads((tmp_path / "memory.json").read_text())
+    del raw["near_k"]
+    (tmp_path / "memory.json").write_text(json.dumps(raw))
+    assert ClickMemory.load(tmp_path).near_k == 1
