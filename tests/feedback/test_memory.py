@@ -167,3 +167,23 @@ def test_the_nearest_queries_term_averages_up_to_near_k_by_cosine(tmp_path):
     del raw["near_k"]
     (tmp_path / "memory.json").write_text(json.dumps(raw))
     assert ClickMemory.load(tmp_path).near_k == 1
+
+
+def test_ips_dcg_ranks_targets_as_a_stable_sort_does():
+    """The learners' IPS-DCG against its definition (ranks from a stable descending sort): ties among scores, several
+    targets in one list, padding (-inf), a list without targets."""
+    from types import SimpleNamespace
+
+    from sieve.training.feedback_learn import ips_dcg
+
+    rng = np.random.default_rng(1)
+    scores = rng.integers(0, 6, (300, 20)).astype(np.float64)
+    scores[:, 17:] = -np.inf
+    targets = np.zeros_like(scores)
+    targets[np.arange(300), rng.integers(0, 17, 300)] = rng.uniform(1, 4, 300)
+    targets[::4, 3] += 2.0
+    targets[7] = 0.0
+    ranks = np.argsort(np.argsort(-scores, axis=1, kind="stable"), axis=1)
+    want = (targets / np.log2(2.0 + ranks)).sum(axis=1)
+    np.testing.assert_allclose(ips_dcg(scores, SimpleNamespace(targets=targets)), want, rtol=1e-12)
+    assert ips_dcg(scores, SimpleNamespace(targets=np.zeros_like(scores))).tolist() == [0.0] * 300
