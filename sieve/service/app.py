@@ -23,6 +23,7 @@ from sieve.service.fast_search import FastSearch, SieveAPI
 from sieve.service.feedback_service import FeedbackService
 from sieve.service.memory_serving import ServedMemory
 from sieve.service.metrics import Metrics
+from sieve.service.pinning import pin_worker
 from sieve.service.protection import (Admission, Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
 from sieve.service.qdrant_service import QdrantUpdater
@@ -193,6 +194,7 @@ def create_app(settings: Settings | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        pin_worker(settings.pin_workers, settings.workers or 1, workers.metrics_dir())  # before any model thread starts
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
         workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)

@@ -313,6 +313,7 @@ class WorkersStatus(Reply):
                                          "cores and the device, with its inputs.")
     torch_threads: int = Field(..., description="Torch intra-op threads of this worker (SIEVE_TORCH_THREADS; with "
                                                 "several workers and no setting, the cores divided among them).")
+    cpus: list[int] | None = Field(None, description="CPUs this worker may run on (its own share with SIEVE_PIN_WORKERS).")
 
 
 class LimitsStatus(Reply):

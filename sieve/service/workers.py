@@ -131,4 +131,5 @@ def status(settings: Settings) -> dict:
     count = settings.workers or 1
     return {"count": count, "ready": ready_count() if count > 1 else 1, "pid": os.getpid(),
             "chosen": os.environ.get(CHOSEN_ENV, "SIEVE_WORKERS" if settings.workers else "one process"),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(),
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}

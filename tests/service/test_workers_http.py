@@ -1,7 +1,7 @@
 """`sieve serve` with two worker processes on one port and one index directory (service/workers.py), as a real
-subprocess: a write through one worker is read through the other, a published click memory reaches both, /metrics
-adds up both, a SIGKILLed worker is replaced without losing an acknowledged write, and SIGTERM lets both finish what
-they have in flight.
+subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a write through one worker is read through the
+other, a published click memory reaches both, /metrics adds up both, a SIGKILLed worker is replaced (on the CPU it
+had) without losing an acknowledged write, and SIGTERM lets both finish what they have in flight.
 The tests share one server and run in file order; the SIGTERM test ends it."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def team(demo_index, tmp_path_factory):
     index = tmp_path_factory.mktemp("workers") / "index"
     shutil.copytree(demo_index, index)
     srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_WORKERS": str(WORKERS), "SIEVE_WRITE_BATCH_WAIT_MS": "5",
-                  "SIEVE_FEEDBACK_ENABLED": "true"},
+                  "SIEVE_FEEDBACK_ENABLED": "true", "SIEVE_PIN_WORKERS": "true"},
                  tmp_path_factory.mktemp("logs") / "workers.log")
     srv.index = index
     yield srv
@@ -68,6 +68,24 @@ def metric(text: str, name: str, **labels) -> float:
     pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if labels else "") + r" (\S+)"
     found = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+def cpus_of(client: httpx.Client) -> list[int]:
+    body = client.get("/readyz").json()
+    return (body.get("workers") or body["error"]["workers"])["cpus"]
+
+
+def test_each_pinned_worker_runs_on_its_own_cpus(team):
+    """SIEVE_PIN_WORKERS: the two workers split the CPUs the server may use (one each on a 2-core machine)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    a, b = clients_on_two_workers(team)
+    try:
+        first, second = cpus_of(a), cpus_of(b)
+    finally:
+        a.close()
+        b.close()
+    assert len(allowed) >= WORKERS  # the machines this runs on have 2 cores or more
+    assert sorted(first + second) == allowed and not set(first) & set(second)
 
 
 def test_a_write_through_one_worker_is_read_through_the_other(team):
@@ -177,6 +195,7 @@ class Writes:
 
 def test_a_killed_worker_is_replaced_and_no_acknowledged_write_is_lost(team):
     victim, survivor = sorted(live_workers(team))
+    victim_cpus = sorted(os.sched_getaffinity(victim))
     writes = Writes(team)
     threads = [threading.Thread(target=writes.run, args=(w, 15)) for w in range(3)]
     for t in threads:
@@ -194,6 +213,7 @@ def test_a_killed_worker_is_replaced_and_no_acknowledged_write_is_lost(team):
     c, pid = client_on_another_worker(team, survivor)  # the replacement answers too, and has every write
     try:
         assert pid == replaced != victim
+        assert cpus_of(c) == victim_cpus  # the replacement took the slot the victim's death freed
         missing = [i for i in writes.acked if c.get(f"/documents/{i}").status_code != 200]
     finally:
         c.close()

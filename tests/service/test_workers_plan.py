@@ -36,3 +36,45 @@ def test_an_in_process_qdrant_is_refused_for_several_workers(tmp_path):
         with pytest.raises(SystemExit, match="cannot share"):
             workers.check_backend(settings, 2)
     workers.check_backend(Settings(index_backend="qdrant", qdrant_url="http://qdrant:6333"), 4)
+
+
+def test_pinning_shares_the_cpus_among_the_slots():
+    from sieve.service.pinning import share
+
+    assert [share([0, 1], i, 2) for i in range(2)] == [{0}, {1}]
+    assert [share([0, 1, 2, 3], i, 2) for i in range(2)] == [{0, 1}, {2, 3}]
+    assert [share([0, 2, 4], i, 2) for i in range(2)] == [{0}, {2, 4}]  # every CPU in one share, none in two
+    assert [share([3, 5], i, 3) for i in range(3)] == [{3}, {5}, {3}]  # more workers than CPUs: in turn
+
+
+def test_a_slot_is_held_while_its_holder_lives_and_freed_when_it_ends(tmp_path):
+    """Slots are exclusive locks: taken in order, none twice; a slot a (dead) holder released is taken again."""
+    import subprocess
+    import sys
+
+    from sieve.service import pinning
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from sieve.service.pinning import claim_slot\n"
+                               f"print(claim_slot(Path({str(tmp_path)!r}), 3), flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "0"
+        assert pinning.claim_slot(tmp_path, 3) == 1  # 0 is another living process's
+    finally:
+        holder.kill()
+        holder.wait()
+    assert pinning.claim_slot(tmp_path, 3) == 0  # freed by its end
+    assert pinning.claim_slot(tmp_path, 2) is None  # 0 and 1 are this process's own now
+    for handle in pinning._held:
+        handle.close()
+    pinning._held.clear()
+
+
+def test_pinning_is_off_unless_asked_and_with_one_process(tmp_path):
+    from sieve.service.pinning import pin_worker
+
+    assert pin_worker(False, 2, tmp_path) is None
+    assert pin_worker(True, 1, tmp_path) is None
+    assert pin_worker(True, 2, None) is None
+    assert not list(tmp_path.iterdir())  # no slot was claimed
