@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -48,6 +48,7 @@ class Side:
     tree: Path
     workers: int | None  # None: the tree's default (SIEVE_WORKERS unset)
     zero_cost: bool
+    env: dict = field(default_factory=dict)  # settings of this side only (SIEVE_PIN_WORKERS)
     proc: subprocess.Popen | None = None
     port: int = 0
 
@@ -69,6 +70,7 @@ def start(side: Side, index: Path, log: Path, timeout_s: float = 900) -> None:
     env = {**os.environ, "SIEVE_INDEX_DIR": str(index), "SIEVE_PORT": str(side.port), "SIEVE_HOST": "127.0.0.1",
            "SIEVE_LOG_LEVEL": "warning", "PYTHONPATH": str(side.tree)}
     env.pop("SIEVE_WORKERS", None)
+    env.update(side.env)
     if side.zero_cost:
         cmd = [sys.executable, str(REPO / "benchmarks" / "zero_cost.py"), "--workers", str(side.workers or 1)]
     else:
@@ -219,7 +221,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sections", default="zero_cost,real", help="zero_cost, real, or both")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
-                                                                  "comma-separated ('default' = SIEVE_WORKERS unset)")
+                                                                  "comma-separated ('default' = SIEVE_WORKERS unset; "
+                                                                  "'2p' = 2 workers with SIEVE_PIN_WORKERS)")
+    parser.add_argument("--pinned", action="store_true", help="zero_cost: also 2 workers with SIEVE_PIN_WORKERS")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
@@ -234,10 +238,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 def sides_of(section_name: str, args) -> list[Side]:
     base = [Side("main", args.baseline_tree.resolve(), 1 if section_name == "zero_cost" else None,
                  section_name == "zero_cost")] if args.baseline_tree else []
+    pin = {"SIEVE_PIN_WORKERS": "true"}
     if section_name == "zero_cost":
-        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True)]
-    counts = [None if c == "default" else int(c) for c in args.real_workers.split(",")]
-    return [*(Side(f"this-{c or 'default'}w", REPO, c, False) for c in counts), *base]
+        pinned = [Side("this-2w-pinned", REPO, 2, True, pin)] if args.pinned else []
+        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned]
+    sides = []
+    for count in args.real_workers.split(","):
+        if count == "default":
+            sides.append(Side("this-defaultw", REPO, None, False))
+        else:
+            pinned = count.endswith("p")
+            n = int(count.rstrip("p"))
+            sides.append(Side(f"this-{n}w{'-pinned' if pinned else ''}", REPO, n, False, pin if pinned else {}))
+    return [*sides, *base]
 
 
 def main(argv=None) -> None:
@@ -280,6 +293,9 @@ def verdict(sections: dict) -> dict:
         out["zero_cost_server_cpu_ms_median"] = {side: s["server_cpu_ms_median"] for side, s in zero.items()}
     if "this-1w" in zero and "this-2w" in zero:
         out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
+    if "this-1w" in zero and "this-2w-pinned" in zero:
+        out["two_pinned_workers_qps_ratio"] = round(zero["this-2w-pinned"]["qps_pooled"]
+                                                    / zero["this-1w"]["qps_pooled"], 2)
     real = sections.get("real", {}).get("summary", {})
     if "main" in real:
         out["real_qps_ratio_vs_main"] = {side: round(s["qps_pooled"] / real["main"]["qps_pooled"], 2)
