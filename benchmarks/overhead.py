@@ -222,8 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
                                                                   "comma-separated ('default' = SIEVE_WORKERS unset; "
-                                                                  "'2p' = 2 workers with SIEVE_PIN_WORKERS)")
-    parser.add_argument("--pinned", action="store_true", help="zero_cost: also 2 workers with SIEVE_PIN_WORKERS")
+                                                                  "'2p' = 2 workers with SIEVE_PIN_WORKERS, '1p' one)")
+    parser.add_argument("--pinned", action="store_true", help="zero_cost: also 1 and 2 workers with SIEVE_PIN_WORKERS")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
@@ -240,7 +240,8 @@ def sides_of(section_name: str, args) -> list[Side]:
                  section_name == "zero_cost")] if args.baseline_tree else []
     pin = {"SIEVE_PIN_WORKERS": "true"}
     if section_name == "zero_cost":
-        pinned = [Side("this-2w-pinned", REPO, 2, True, pin)] if args.pinned else []
+        pinned = [Side("this-1w-pinned", REPO, 1, True, pin), Side("this-2w-pinned", REPO, 2, True, pin)] \
+            if args.pinned else []
         return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned]
     sides = []
     for count in args.real_workers.split(","):

@@ -71,10 +71,21 @@ def test_a_slot_is_held_while_its_holder_lives_and_freed_when_it_ends(tmp_path):
     pinning._held.clear()
 
 
-def test_pinning_is_off_unless_asked_and_with_one_process(tmp_path):
+def test_pinning_is_off_unless_asked_and_a_single_process_takes_its_first_cpu(tmp_path):
+    """Off: nothing claimed or bound. On, one process (run apart: pinning this one would pin the test run): every
+    thread of it on its first allowed CPU, threads started later included."""
+    import os
+    import subprocess
+    import sys
+
     from sieve.service.pinning import pin_worker
 
-    assert pin_worker(False, 2, tmp_path) is None
-    assert pin_worker(True, 1, tmp_path) is None
-    assert pin_worker(True, 2, None) is None
-    assert not list(tmp_path.iterdir())  # no slot was claimed
+    assert pin_worker(False, 2, tmp_path) is None and pin_worker(False, 1, None) is None
+    assert pin_worker(True, 2, None) is None  # several workers need the metrics directory for their slots
+    assert not list(tmp_path.iterdir())
+    code = ("import os, threading\nfrom sieve.service.pinning import pin_worker\n"
+            "print(sorted(pin_worker(True, 1, None)))\n"
+            "t = threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0)))); t.start(); t.join()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    first = min(os.sched_getaffinity(0))
+    assert out.stdout.split("\n")[:2] == [f"[{first}]", f"[{first}]"], out.stderr
