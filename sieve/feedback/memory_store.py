@@ -7,7 +7,8 @@
 
 Written and fsynced under a temporary name, renamed, and only then named in CURRENT (replaced atomically); a server
 on the index loads the new one on its next check (POST /admin/index/reload or SIEVE_INDEX_POLL_S), every worker
-process on its own (several workers look every 2 s by default: Settings.poll_s). The previous one is kept until the next publish.
+process on its own (several workers look every 2 s by default: Settings.poll_s). The previous one is kept until the
+next publish.
 """
 from __future__ import annotations
 

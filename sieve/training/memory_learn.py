@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -115,9 +115,9 @@ def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: di
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = tally(fit, props)
+    counted = {m: ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for m in PSEUDO_GRID}
     for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
-        fq, fn, fd = validation.terms(ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, near_min=near_min,
-                                                        vectors=vectors, near_k=near_k))
+        fq, fn, fd = validation.terms(replace(counted[m], near_min=near_min, near_k=near_k))
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
             if not (a or b or c) or (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
