@@ -45,7 +45,10 @@ class Batcher:
         self.max_size = max_size
         self.max_wait_s = max_wait_ms / 1000
         self.on_batch = on_batch
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: CPython's SimpleQueue.get(timeout=t) can block until the next put when the
+        # thread is preempted inside the call past its deadline (a negative remaining wait means "forever" there),
+        # which left a request waiting on an idle batcher (tests/pipeline/test_timed_queues.py)
+        self.queue: queue.Queue = queue.Queue()
         self.closed = False
         self.thread = threading.Thread(target=self.loop, name=f"batch-{name}", daemon=True)
         self.thread.start()

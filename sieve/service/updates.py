@@ -59,7 +59,7 @@ class IndexUpdater:
         self.on_check = on_check
         self.load_index, self.wait_s, self.on_swap = load_index, wait_ms / 1000, on_swap
         self.poll_s = poll_s or None  # None: block until a write or reload arrives
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.queue: queue.Queue = queue.Queue()  # not SimpleQueue: its timed get can hang (pipeline/batching.py)
         self.lock = threading.Lock()  # one swap at a time
         self.thread = threading.Thread(target=self.loop, name="index-writer", daemon=True)
         self.thread.start()
