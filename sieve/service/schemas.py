@@ -314,6 +314,8 @@ class WorkersStatus(Reply):
     torch_threads: int = Field(..., description="Torch intra-op threads of this worker (SIEVE_TORCH_THREADS; with "
                                                 "several workers and no setting, the cores divided among them).")
     cpus: list[int] | None = Field(None, description="CPUs this worker may run on (its own share with SIEVE_PIN_WORKERS).")
+    blas_threads: int | None = Field(None, description="Threads of numpy's BLAS in this worker: 1 once its models are "
+                                                       "loaded (its request threads compute many small products at once).")
 
 
 class LimitsStatus(Reply):

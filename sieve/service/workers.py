@@ -132,4 +132,14 @@ def status(settings: Settings) -> dict:
     return {"count": count, "ready": ready_count() if count > 1 else 1, "pid": os.getpid(),
             "chosen": os.environ.get(CHOSEN_ENV, "SIEVE_WORKERS" if settings.workers else "one process"),
             "torch_threads": torch.get_num_threads(),
-            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "blas_threads": blas_threads()}
+
+
+def blas_threads() -> int | None:
+    """Threads numpy's BLAS may use in this process (its wheel's OpenBLAS; any BLAS when numpy's is not told apart)."""
+    from threadpoolctl import threadpool_info
+
+    found = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    numpy_own = [i for i in found if "numpy" in i["filepath"]] or found
+    return max(i["num_threads"] for i in numpy_own) if numpy_own else None

@@ -77,3 +77,9 @@ def test_a_scaled_server_shows_and_enforces_its_limits(demo_index, tmp_path_fact
             assert "at most 65536 tokens" in reply.json()["error"]["allowed"]
     finally:
         srv.stop()
+
+
+def test_a_serving_process_runs_blas_on_one_thread(client):
+    """numpy's OpenBLAS defaults to every core; the server's request threads compute small products
+    concurrently, which OpenBLAS's thread pool turns into 30-65 ms of CPU each (service/components.py)."""
+    assert client.get("/readyz").json()["workers"]["blas_threads"] == 1
