@@ -37,3 +37,8 @@ class TooMuchWork(RequestError):
 
     status_code = 413
     code = "too_much_work"
+
+
+class EncoderTimeout(Exception):
+    """The query encoder gave no vector within the request's deadline and as long again, or the client hung up
+    first (HTTP 503 `encoder_timeout`: the server's doing, not the request's). No ranking can start without it."""

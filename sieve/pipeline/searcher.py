@@ -23,17 +23,20 @@ from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.batching import BatchConfig, Runners
 from sieve.pipeline.candidates import Candidates, ranked_scores
-from sieve.pipeline.errors import QueryTooLong, RequestError, StageUnavailable
+from sieve.pipeline.errors import EncoderTimeout, QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.pipeline.remote_ce import RemoteCrossEncoder
 from sieve.pipeline.registry import CROSS_ENCODER, RERANKER, RETRIEVER, BuildContext, RerankContext, StageSpec
 from sieve.pipeline.rerank_inputs import RerankItem, resolve_texts
-from sieve.pipeline.runner import run_stage
+from sieve.pipeline.runner import run_stage, wait
 from sieve.pipeline.stages import Stage
 from sieve.pipeline.state import Deadline, QueryState
 from sieve.pipeline.threadsafe import TokenizerLocks
 
 __all__ = ["Searcher", "SearchParams", "RerankItem", "Outcome", "SearchOptions", "normalise_query"]
+
+
+ENCODE_GRACE_S = 1.0  # the least a request waits for its query vector past its deadline (Searcher.encoded)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ class Searcher:
         limit = self.biencoder.lengths.query_max_length
         state = QueryState(query, index=self.index)
         state.deadline = Deadline(started + timeout_ms / 1000 if timeout_ms else None, cancelled)
+        state.timeout_s = timeout_ms / 1000 if timeout_ms else None
         n_tokens = self.biencoder.count_tokens(query)
         if n_tokens > limit:
             if self.query_overflow == "reject":
@@ -176,12 +180,29 @@ class Searcher:
             pending.append((names, tower, vector, future))
         for names, tower, vector, future in pending:
             if future is not None:
-                vector = future.result()
+                vector = self.encoded(future, state)
                 if self.embedding_cache:
                     self.embedding_cache.put(tower, state.query, vector)
             state.timings_ms[f"{names[0]}_encode"] = (time.perf_counter() - started) * 1000
             for name in names:
                 state.query_vectors[name] = vector
+
+    @staticmethod
+    def encoded(future, state: QueryState) -> torch.Tensor:
+        """The vector a query batcher computes. The first stage needs it, so it is waited for past the deadline, but
+        not forever: until the deadline plus the request's own timeout again (at least ENCODE_GRACE_S; a CPU server
+        behind on its encodings still answers late rather than not at all), and not once the client has gone; then
+        EncoderTimeout (a stalled batcher never holds a request thread for good). Without a deadline (library use)
+        as long as it takes."""
+        left = state.remaining_s()
+        budget = None
+        if left is not None:
+            budget = 0.0 if state.cancelled else max(left, 0.0) + max(state.timeout_s or 0.0, ENCODE_GRACE_S)
+        vector = wait(future, budget, state)
+        if vector is None:
+            why = "the client hung up" if state.cancelled else "its deadline and as long again passed"
+            raise EncoderTimeout(f"the query encoder gave no vector before {why}")
+        return vector
 
     def query_runner(self, tower: TextEncoder):
         return self.runners.get(f"query:{tower.name}:{id(tower)}", lambda texts: list(tower.encode_queries(texts)))

@@ -41,6 +41,7 @@ class QueryState:
     counts: dict[str, int] = field(default_factory=dict)  # candidates that entered each stage
     warnings: list[str] = field(default_factory=list)
     deadline: float | None = None  # time.monotonic() by which the answer is due (a Deadline); None/inf = none
+    timeout_s: float | None = None  # the request's whole budget that deadline came from
     skipped: list[str] = field(default_factory=list)  # stages skipped for lack of time (previous order kept)
     ran: list[str] = field(default_factory=list)  # stages that ranked the candidates, in order
     index: object | None = None  # the index version this request reads from start to end

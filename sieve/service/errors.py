@@ -13,7 +13,7 @@ from starlette.routing import Match
 
 from sieve.index import IndexDiskFullError, IndexMismatchError, UnknownDocumentError
 from sieve.index.errors import IndexUnavailableError
-from sieve.pipeline.errors import RequestError
+from sieve.pipeline.errors import EncoderTimeout, RequestError
 
 log = logging.getLogger("sieve")
 
@@ -93,6 +93,14 @@ async def on_index_unavailable(request: Request, exc: IndexUnavailableError) -> 
                               "acknowledged")
 
 
+async def on_encoder_timeout(request: Request, exc: EncoderTimeout) -> JSONResponse:
+    """A query vector that never came (pipeline/searcher.py `encoded`): the server is overloaded or a batcher is
+    stuck; the request is answered instead of holding its thread."""
+    log.error("%s %s: %s", request.method, request.url.path, exc)
+    return error_body(503, "encoder_timeout", str(exc), headers={"Retry-After": "1"},
+                      allowed="retry; the server could not encode the query in twice the request's timeout")
+
+
 async def on_index_mismatch(request: Request, exc: IndexMismatchError) -> JSONResponse:
     """The index (a Qdrant collection rebuilt under a running server) was built by another model than the one served:
     the server cannot answer from it until one of them changes, which is not the client's doing."""
@@ -166,5 +174,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(IndexDiskFullError, on_disk_full)
     app.add_exception_handler(IndexUnavailableError, on_index_unavailable)
     app.add_exception_handler(IndexMismatchError, on_index_mismatch)
+    app.add_exception_handler(EncoderTimeout, on_encoder_timeout)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -158,3 +158,24 @@ def test_fast_path_guards_as_fastapi_does(fake_components):
         assert {200, 401, 422, 429} <= set(statuses), statuses
         assert requests_total(fast) == requests_total(slow)
         assert fast_path_of(fast).answered > 0
+
+
+def test_a_stalled_query_encoder_is_a_503_on_both_lanes(fake_components):
+    """A query batcher that never answers (pipeline/searcher.py `encoded`): 503 encoder_timeout with Retry-After
+    once the deadline and the grace have passed, not a request held open and not a 500."""
+    from concurrent.futures import Future
+
+    index_dir, loader = fake_components
+
+    def stalled(s: Settings) -> Components:
+        components = loader(s)
+        components.searcher.query_runner = lambda tower: type("Stalled", (), {"submit": lambda self, item: Future()})()
+        return components
+
+    for fast in (True, False):
+        settings = Settings(_env_file=None, index_dir=index_dir, model_name="tiny-bert", fast_search=fast)
+        with TestClient(create_app(settings, loader=stalled)) as client:
+            response = client.post("/search", json={"query": "bread", "timeout_ms": 1},
+                                   headers={"cache-control": "no-cache"})
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "encoder_timeout" and response.headers["retry-after"] == "1"
