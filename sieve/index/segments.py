@@ -36,7 +36,7 @@ from .lexical import LexicalSegment
 from .manifest import Manifest
 from .storage import DOCS_FILE, FAISS_FILE, connect_readonly, open_embeddings, row_chunks, store_path
 from .device_flat import DeviceFlat
-from .vectors import SMALL_BATCH, exact_top_k, small_batch_top_k, to_device
+from .vectors import exact_top_k, to_device
 
 TOMBSTONES_FILE = "deleted.npy"
 _ROW_BITS = 32
@@ -178,9 +178,7 @@ class Segment:
             ivf = faiss.try_extract_index_ivf(self.embeddings.index)
             if ivf is not None:  # every list probed: exact
                 return self.embeddings.index.search(q, k, params=faiss.SearchParametersIVF(nprobe=ivf.nlist))
-        elif self.embeddings.dtype == np.float32:  # straight on the memory map: no copy
-            if len(q) <= SMALL_BATCH:  # a /search: one matrix product and a partial sort
-                return small_batch_top_k(q, np.asarray(self.embeddings), k)
+        elif self.embeddings.dtype == np.float32:  # FAISS's brute force straight on the memory map: no copy
             return faiss.knn(q, self.embeddings, k, metric=faiss.METRIC_INNER_PRODUCT)
         return exact_top_k(q, row_chunks(self.embeddings), k)
 

@@ -133,23 +133,6 @@ def to_device(index: faiss.Index, use_gpu: bool) -> faiss.Index:
     return gpu_index
 
 
-SMALL_BATCH = 8  # queries up to which exact search is one matrix product and a partial sort (a /search) instead of FAISS
-
-
-def small_batch_top_k(queries: np.ndarray, matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top-k of a few queries over a (N, d) float32 matrix: one BLAS product and a partial sort,
-    best first, ties by row. For one query and k in the hundreds this costs ~0.6x FAISS's brute force, whose heap
-    of k entries is the slower part there (benchmarks/results/overhead_breakdown_intel_v2.json)."""
-    scores = queries @ matrix.T  # (B, N)
-    n = scores.shape[1]
-    k = min(k, n)
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < n else np.broadcast_to(np.arange(n), scores.shape)
-    top = np.take_along_axis(scores, part, axis=1)
-    order = np.lexsort((part, -top), axis=1)
-    return (np.take_along_axis(top, order, axis=1).astype(np.float32, copy=False),
-            np.take_along_axis(part, order, axis=1).astype(np.int64, copy=False))
-
-
 def exact_top_k(queries: np.ndarray, blocks: Iterable[np.ndarray],
                 k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k over row blocks (a fallback when an ANN index comes up short)."""

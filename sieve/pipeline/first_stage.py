@@ -63,9 +63,9 @@ class HybridRetrieve(FirstStage):
 
     def __call__(self, state: QueryState) -> QueryState:
         depth = min(max(self.config.depth or self.k, 1), self.index.size)
-        vector = state.query_vectors["be"].float().cpu().numpy()  # (d,)
+        vector = state.query_vectors["be"]
         with state.timed("mips"):
-            _, dense_rows = self.index.search(vector[None, :], depth)
+            _, dense_rows = self.index.search(vector.float().cpu().numpy()[None, :], depth)
         with state.timed("bm25"):
             all_bm25 = self.index.lexical_scores(state.query)
             _, bm25_rows = top_positive(all_bm25, depth)
@@ -74,7 +74,7 @@ class HybridRetrieve(FirstStage):
                                    self.config.rrf_k)
             rows, fused = rows[:self.k], fused[:self.k]
             vectors = self.index.embeddings(rows)  # (k, d): carried on, so CMC does not read them again
-            be = (vectors @ vector).astype(np.float32, copy=False)
+            be = (vectors @ vector.float().cpu().numpy()).astype(np.float32)
         state.counts["bm25"] = len(bm25_rows)
         state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": all_bm25[rows]},
                                       vectors=vectors)
