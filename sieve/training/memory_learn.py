@@ -173,8 +173,10 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
     `cfg.memory_select_answers` of them, whole queries drawn by hash: the grid's cost grows with them), several times
     the validation answers of one 10% share (a less noisy choice), and the held-out answers stay untouched for the
     guard."""
+    one = [(parts["fit"], lambda: score([e for e in entries
+                                          if side(e.key, e.t, held_from, val_from, cfg) == "validation"]))]
     if cfg.split != "query" or cfg.memory_folds < 2:
-        return [(parts["fit"], score([e for e in entries if side(e.key, e.t, held_from, val_from, cfg) == "validation"]))]
+        return [(counted, judged()) for counted, judged in one]
     rest = parts["fit"] + parts["validation"]
     judged = [[] for _ in range(cfg.memory_folds)]
     candidates = [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) != "heldout"]
@@ -182,6 +184,8 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
     for e in candidates:
         if bucket(e.key + "/select") < share:
             judged[fold_of(e.key, cfg)].append(e)
+    if not any(judged):  # a few queries with many answers each, none drawn under the cap: one fold, as split by time
+        return [(counted, score_them()) for counted, score_them in one]
     return [([a for a in rest if fold_of(a.key, cfg) != j], score(judged[j])) for j in range(cfg.memory_folds)
             if judged[j]]
 

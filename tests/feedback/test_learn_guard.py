@@ -222,6 +222,10 @@ def test_selection_folds_judge_each_query_with_a_memory_counted_without_it():
                              lambda judged: judged)
     n = sum(len(judged) for _, judged in capped)
     assert 40 <= n <= 200 and n % 2 == 0  # about the cap, whole queries (each query answered twice)
+    few = selection_folds(LearnConfig(split="query", memory_select_answers=0), parts, entries, None, None,
+                          lambda judged: judged)
+    assert len(few) == 1 and few[0][0] == parts["fit"]  # none drawn under the cap: the single validation share
+    assert {e.key for e in few[0][1]} == {a.key for a in parts["validation"]}
     timed = LearnConfig(split="time")
     one = selection_folds(timed, {"fit": answers[:10], "validation": [], "heldout": []}, entries[:20], 0.0, 0.0,
                           lambda judged: judged)
