@@ -61,7 +61,7 @@ def main() -> None:
     key = next(iter(memory.pairs), None)
     query_known = next((q for q in [key] if q is not None), None)
     out = {"memory": str(args.memory), "entries": len(memory), "queries": len(memory.pairs),
-           "near": {"w_near": memory.w_near, "near_k": memory.near_k, "near_pool": memory.near_pool,
+           "near": {"w_near": memory.w_near, "near_k": memory.near_k, "near_min": memory.near_min,
                     "remembered_vectors": 0 if memory.near_vectors is None else len(memory.near_vectors)},
            "documents": len(memory.docs), "candidates": args.candidates, "machine": machine_info(),
            "load_before": os.getloadavg(), "us_per_request": {}}
