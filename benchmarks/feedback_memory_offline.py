@@ -117,7 +117,8 @@ def main() -> None:
     memory, report = learned(args.index, {"heldout": args.heldout})
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
-           "split": args.split, "queries": len(lists), "default": round(float(np.mean(list(base["per_query"].values()))), 4),
+           "split": args.split, "queries": len(lists),
+           "default": round(float(np.mean(list(base["per_query"].values()))), 4),
            "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "chosen", "guard", "verdict", "grid")}}
     if memory is not None:
         forced = {"per_query": ndcgs(lists, data, memory)}

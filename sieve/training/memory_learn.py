@@ -10,10 +10,10 @@ near_k of them); the one with the best mean IPS-DCG on the validation answers is
 a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
-held-out answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
-answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must
-clearly beat the ranking without a memory and not be below the served memory) and published only then: the memory
-judged is the memory published.
+held-out answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least
+`min_heldout` answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an
+update must clearly beat the ranking without a memory and not be below the served memory) and published only then:
+the memory judged is the memory published.
 """
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
-    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies] for m in PSEUDO_GRID}
+    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
+               for m in PSEUDO_GRID}
     for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
         terms = [s.terms(replace(memory, near_min=near_min, near_k=near_k)) for memory, s in zip(counted[m], judged)]
         known = any(fq.any() for fq, _, _ in terms)  # no judged query remembered (split by query): w_q changes nothing
@@ -166,7 +167,8 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     return None
 
 
-def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from, score) -> list[tuple[list[Shown], Scored]]:
+def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
+                    score) -> list[tuple[list[Shown], Scored]]:
     """Split by time: one fold, the memory counted from the fit answers and judged on the validation answers. Split
     by query: `cfg.memory_folds` folds of the queries that are not held out, each judged on its clicked answers with
     the memory counted from the other folds' answers, so every remaining answer can select (up to
