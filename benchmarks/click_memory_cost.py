@@ -1,5 +1,7 @@
 """What the click memory adds to a /search request: `remembered` (sieve/pipeline/searcher.py) on the candidates a
-default /search reranks (retrieve_k 512), timed alone, for a query the memory knows and one it does not.
+default /search reranks (retrieve_k 512), timed alone, for a query the memory knows and one it does not; with the
+query vector /search passes (a remembered query's own for the known one, a random one for the other), so the
+nearest-queries term is timed too.
 
     .venv/bin/python benchmarks/click_memory_cost.py --memory <INDEX>/clicks/m000001 --out benchmarks/results/click_memory_cost.json
 """
@@ -31,6 +33,18 @@ class Ids:
         return self.table[rows].tolist()
 
 
+def near_vector(memory: ClickMemory, rng, known: bool):
+    """The query vector /search hands the memory (its nearest-queries term searches the remembered ones with it):
+    a remembered query's own (its neighbours are then as near as they come), or a random direction; None when the
+    memory has no such term."""
+    if not memory.w_near or memory.near_vectors is None:
+        return None
+    if known:
+        return memory.near_vectors[0].copy()
+    v = rng.normal(size=memory.near_vectors.shape[1]).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
 def main() -> None:
     from sieve.evaluation.report import machine_info
 
@@ -47,6 +61,8 @@ def main() -> None:
     key = next(iter(memory.pairs), None)
     query_known = next((q for q in [key] if q is not None), None)
     out = {"memory": str(args.memory), "entries": len(memory), "queries": len(memory.pairs),
+           "near": {"w_near": memory.w_near, "near_k": memory.near_k, "near_min": memory.near_min,
+                    "remembered_vectors": 0 if memory.near_vectors is None else len(memory.near_vectors)},
            "documents": len(memory.docs), "candidates": args.candidates, "machine": machine_info(),
            "load_before": os.getloadavg(), "us_per_request": {}}
     for label in ("query in the memory", "query not in the memory"):
@@ -59,12 +75,13 @@ def main() -> None:
         cands = Candidates(rows, {"retrieve": np.sort(rng.normal(size=args.candidates))[::-1].astype(np.float32),
                                   "cmc": np.sort(rng.normal(size=args.candidates))[::-1].astype(np.float32)})
         index = Ids(ids)
-        remembered(memory, text, cands, index)
+        vector = near_vector(memory, rng, label == "query in the memory")
+        remembered(memory, text, cands, index, vector)
         blocks = []
         for _ in range(7):  # the median block: the host is shared
             began = time.perf_counter()
             for _ in range(args.repeat // 7):
-                remembered(memory, text, cands, index)
+                remembered(memory, text, cands, index, vector)
             blocks.append((time.perf_counter() - began) / (args.repeat // 7) * 1e6)
         out["us_per_request"][label] = round(float(np.median(blocks)), 1)
     out["load_after"] = os.getloadavg()

@@ -17,6 +17,8 @@ class LearnConfig:
     heldout: float = 0.2  # share of queries (by hash) kept for the guard
     split: str = "query"  # query: held-out queries never trained on; time: the latest answers (queries repeat)
     validation: float = 0.1  # share of the remaining queries that selects the step kept
+    memory_folds: int = 5  # query split: the click memory's weights are chosen on all remaining queries, fold by fold
+    memory_select_answers: int = 5000  # at most this many clicked answers (whole queries, by hash) judge those folds
     min_heldout: int = 50  # held-out answers with clicks the guard needs
     bootstrap: int = 1000
     eval_every: int = 50

@@ -7,12 +7,13 @@ the rest validate). The memory counted from the fit answers is added to the serv
 answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
 of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
 near_k of them); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
-a memory (ties: the smaller weights; all 0 = nothing to publish). The memory counted from fit + validation answers
-with those weights is then judged on the held-out
-answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
-answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must
-clearly beat the ranking without a memory and not be below the served memory) and published only then: the memory
-judged is the memory published.
+a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
+validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
+(`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
+held-out answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least
+`min_heldout` answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an
+update must clearly beat the ranking without a memory and not be below the served memory) and published only then:
+the memory judged is the memory published.
 """
 from __future__ import annotations
 
@@ -99,35 +100,51 @@ def scored(entries: list[Entry], index, depth: int, served_scores, served_memory
     return out
 
 
-def spread(s: Scored) -> float:
+def fold_of(key: str, cfg) -> int:
+    """The selection fold of a query that is not held out (split by query): the same in every run."""
+    u = (bucket(key) - cfg.heldout) / (1 - cfg.heldout)
+    return min(max(int(u * cfg.memory_folds), 0), cfg.memory_folds - 1)
+
+
+def spread(folds: list[Scored]) -> float:
     """Median over lists of the std of the served scores of its 10 best candidates: the unit of the weight grid."""
-    tops = [np.sort(row[np.isfinite(row)])[::-1][:10] for row in s.base]
+    tops = [np.sort(row[np.isfinite(row)])[::-1][:10] for s in folds for row in s.base]
     stds = [float(np.std(t)) for t in tops if len(t) > 1]
     return float(np.median(stds)) if stds and np.median(stds) > 0 else 1.0
 
 
-def select(fit: list[Shown], validation: Scored, props, unit: float, vectors: dict) -> tuple[dict, list]:
-    """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean validation IPS-DCG over the grid, and the
-    grid's best results. A choice must beat the ranking without a memory (none does: all weights 0, nothing to
-    publish), not the memory served now: on answers that memory ranked the estimate favours it (memory_verdict), and
-    the held-out guard judges the choice against both."""
-    served, none = float(validation.dcg().mean()), float(ips_dcg(validation.base, validation.lists).mean())
+def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors: dict) -> tuple[dict, list]:
+    """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean IPS-DCG over the grid on the judged
+    answers of every fold (each fold: the answers its memory is counted from, and the clicked answers it is judged
+    on, whose queries those never include when split by query), and the grid's best results. A choice must beat the
+    ranking without a memory (none does: all weights 0, nothing to publish), not the memory served now: on answers
+    that memory ranked the estimate favours it (memory_verdict), and the held-out guard judges the choice against
+    both."""
+    judged = [s for _, s in folds]
+    answers = sum(len(s.lists) for s in judged)
+    served = sum(float(s.dcg().sum()) for s in judged) / answers
+    none = sum(float(ips_dcg(s.base, s.lists).sum()) for s in judged) / answers
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
-    tallies = tally(fit, props)
-    counted = {m: ClickMemory.build(tallies, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for m in PSEUDO_GRID}
+    tallies = [tally(counted, props) for counted, _ in folds]
+    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
+               for m in PSEUDO_GRID}
     for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
-        fq, fn, fd = validation.terms(replace(counted[m], near_min=near_min, near_k=near_k))
+        terms = [s.terms(replace(memory, near_min=near_min, near_k=near_k)) for memory, s in zip(counted[m], judged)]
+        known = any(fq.any() for fq, _, _ in terms)  # no judged query remembered (split by query): w_q changes nothing
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
-            if not (a or b or c) or (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
+            if not (a or b or c) or (a and not known) or \
+                    (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
-            value = float(ips_dcg(validation.base + unit * (a * fq + c * fn + b * fd), validation.lists).mean())
+            value = sum(float(ips_dcg(s.base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
+                        for s, (fq, fn, fd) in zip(judged, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
                       "near_k": near_k}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
-    return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5)}] + sorted(
+    return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
+                   "folds": len(folds), "validation_answers": answers}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
 
 
@@ -150,6 +167,31 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     return None
 
 
+def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
+                    score) -> list[tuple[list[Shown], Scored]]:
+    """Split by time: one fold, the memory counted from the fit answers and judged on the validation answers. Split
+    by query: `cfg.memory_folds` folds of the queries that are not held out, each judged on its clicked answers with
+    the memory counted from the other folds' answers, so every remaining answer can select (up to
+    `cfg.memory_select_answers` of them, whole queries drawn by hash: the grid's cost grows with them), several times
+    the validation answers of one 10% share (a less noisy choice), and the held-out answers stay untouched for the
+    guard."""
+    one = [(parts["fit"], lambda: score([e for e in entries
+                                          if side(e.key, e.t, held_from, val_from, cfg) == "validation"]))]
+    if cfg.split != "query" or cfg.memory_folds < 2:
+        return [(counted, judged()) for counted, judged in one]
+    rest = parts["fit"] + parts["validation"]
+    judged = [[] for _ in range(cfg.memory_folds)]
+    candidates = [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) != "heldout"]
+    share = min(1.0, cfg.memory_select_answers / max(len(candidates), 1))  # the cost of the grid grows with them
+    for e in candidates:
+        if bucket(e.key + "/select") < share:
+            judged[fold_of(e.key, cfg)].append(e)
+    if not any(judged):  # a few queries with many answers each, none drawn under the cap: one fold, as split by time
+        return [(counted, score_them()) for counted, score_them in one]
+    return [([a for a in rest if fold_of(a.key, cfg) != j], score(judged[j])) for j in range(cfg.memory_folds)
+            if judged[j]]
+
+
 def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: float) -> tuple[ClickMemory | None, dict]:
     """The memory to publish (None: refused, with the reason in the report) and the report."""
     answers = logs.answers()
@@ -169,9 +211,10 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         report["not_installed"] = "too little feedback"
         return None, report
     vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
-    validation = scored(lists["validation"], index, cfg.depth, served_scores, served_memory)
-    unit = spread(validation)
-    chosen, grid = select(parts["fit"], validation, props, unit, vectors)
+    folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
+        judged, index, cfg.depth, served_scores, served_memory))
+    unit = spread([s for _, s in folds])
+    chosen, grid = select(folds, props, unit, vectors)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
     memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),

@@ -188,3 +188,45 @@ def test_the_memory_update_rule():
     first = {k: v for k, v in level.items() if k != "vs_no_memory"}
     assert "not better than the served model" in memory_verdict(first, cfg)
     assert memory_verdict({**first, "interval": [0.001, 0.03]}, cfg) is None
+
+
+def test_selection_folds_judge_each_query_with_a_memory_counted_without_it():
+    """Split by query, the memory's weights are chosen fold by fold: every clicked answer that is not held out is
+    judged (up to memory_select_answers, whole queries) by a memory counted from the other folds' answers only; a
+    held-out answer is never judged nor counted; a query stays in its fold in every run; split by time, one fold
+    (fit -> validation) as before."""
+    from types import SimpleNamespace
+
+    from sieve.feedback.memory import Shown
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.memory_learn import fold_of, selection_folds, side
+
+    cfg = LearnConfig(split="query")
+    keys = [f"q{i}" for i in range(400)]
+    answers = [Shown(k, ["a", "b"], {"a"}, float(i)) for i, k in enumerate(keys * 2)]
+    entries = [SimpleNamespace(key=a.key, t=a.t) for a in answers]
+    parts = {"fit": [], "validation": [], "heldout": []}
+    for a in answers:
+        parts[side(a.key, a.t, None, None, cfg)].append(a)
+    folds = selection_folds(cfg, parts, entries, None, None, lambda judged: judged)
+    assert len(folds) == cfg.memory_folds
+    judged_keys = [{e.key for e in judged} for _, judged in folds]
+    held = {a.key for a in parts["heldout"]}
+    assert held and not held & set().union(*judged_keys)
+    assert set().union(*judged_keys) == {a.key for a in parts["fit"] + parts["validation"]}  # all, under the cap
+    for (counted, _), mine in zip(folds, judged_keys):
+        assert mine and not mine & {a.key for a in counted} and not held & {a.key for a in counted}
+        assert len(counted) + 2 * len(mine) == len(parts["fit"]) + len(parts["validation"])
+    assert all(fold_of(k, cfg) == fold_of(k, LearnConfig()) for k in keys)
+    capped = selection_folds(LearnConfig(split="query", memory_select_answers=100), parts, entries, None, None,
+                             lambda judged: judged)
+    n = sum(len(judged) for _, judged in capped)
+    assert 40 <= n <= 200 and n % 2 == 0  # about the cap, whole queries (each query answered twice)
+    few = selection_folds(LearnConfig(split="query", memory_select_answers=0), parts, entries, None, None,
+                          lambda judged: judged)
+    assert len(few) == 1 and few[0][0] == parts["fit"]  # none drawn under the cap: the single validation share
+    assert {e.key for e in few[0][1]} == {a.key for a in parts["validation"]}
+    timed = LearnConfig(split="time")
+    one = selection_folds(timed, {"fit": answers[:10], "validation": [], "heldout": []}, entries[:20], 0.0, 0.0,
+                          lambda judged: judged)
+    assert len(one) == 1 and one[0][0] == answers[:10]

@@ -1,0 +1,134 @@
+"""What a click memory learned from a feedback_sim.py run's logs would give, offline (issue 33, RESULTS.md "Fifth
+session: NFCorpus"): the memory `sieve feedback learn --learn memory` chooses on those logs (same split, grid and
+guard report), applied to the served ranking of an evaluation split's queries, *whether or not the guard passed*
+(a what-if: the command publishes only what the guard passes; this script publishes nothing).
+
+The served ranking (hybrid+cmc, retrieve_k 512, no memory) of each evaluation query is computed once in this process
+on the run's index (cached in --cache), the memory's boost is added as the server adds it (pipeline/searcher.py
+`remembered`) and nDCG@10 is compared per query with the ranking without it (paired bootstrap). Evaluate on the dev
+split while designing the learner; the test split only for reporting.
+
+    .venv/bin/python benchmarks/feedback_memory_offline.py --index /tmp/nf20k/nfcorpus-train-test/index \
+        --data ../shared/data/nfcorpus --split dev --cache /tmp/nf-dev-cands.pkl --out /tmp/offline.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import sieve.stages  # noqa: E402,F401 (registers the core stages: hybrid, cmc)
+
+from benchmarks.feedback_sim import paired  # noqa: E402
+from sieve.evaluation.dataset import load_split  # noqa: E402
+from sieve.evaluation.metrics import ndcg_at_k  # noqa: E402
+from sieve.evaluation.runner import EvalConfig, pipeline  # noqa: E402
+
+
+def served_lists(index: Path, data, cache: Path | None) -> dict:
+    """query id -> (ids of all candidates in served order, their answer scores, the query vector the memory reads)."""
+    if cache is not None and cache.is_file():
+        return pickle.loads(cache.read_bytes())
+    from sieve.pipeline.searcher import answer_scores
+    from sieve.service.components import load_components
+    from sieve.service.config import Settings
+
+    settings = Settings(index_dir=index, cross_encoder_enabled=False, click_memory_enabled=False)
+    components = load_components(settings)
+    searcher, recipe, cfg = components.searcher, pipeline("hybrid+cmc"), EvalConfig()
+    out = {}
+    for qid, text in data.queries.items():
+        params = recipe.params(text, cfg)
+        params = dataclasses.replace(params, top_k=cfg.retrieve_k)
+        outcome = searcher.search(params)
+        cands = outcome.candidates
+        ids = list(cands.ids if cands.ids is not None else outcome.index.ids(cands.rows))
+        vectors = outcome.state.query_vectors
+        vector = vectors.get("cmc", vectors.get("be"))
+        out[qid] = (ids, answer_scores(cands.scores), vector.detach().float().cpu().numpy().reshape(-1))
+    if cache is not None:
+        cache.write_bytes(pickle.dumps(out))
+    return out
+
+
+def ndcgs(lists: dict, data, memory=None) -> dict:
+    out = {}
+    for qid, (ids, scores, vector) in lists.items():
+        order = np.arange(len(ids))
+        if memory is not None:
+            boost = memory.boost(memory.key_of(data.queries[qid]), ids, vector)
+            if boost.any():
+                order = np.argsort(-(scores + boost), kind="stable")
+        out[qid] = ndcg_at_k([ids[i] for i in order[:10]], data.qrels[qid], 10)
+    return out
+
+
+def learned(index: Path, cfg_kwargs: dict):
+    """(memory chosen whatever the guard said, report) of `sieve feedback learn --learn memory` on the index's logs."""
+    from sieve.feedback import propensity
+    from sieve.feedback.dataset import Logs
+    from sieve.service.config import Settings
+    from sieve.training import memory_learn
+    from sieve.training.feedback_cli import opened
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+
+    settings = Settings(index_dir=index)
+    biencoder, idx, store, served = opened(settings)
+    model = served.model.float().cpu().eval()
+    logs = Logs.read(settings.feedback_path())
+    props = propensity.estimate(logs.for_propensity(), settings.feedback_swap_depth, fallback_eta=1.0)
+    cfg = LearnConfig(**cfg_kwargs)
+    judged = memory_learn.memory_verdict
+    memory_learn.memory_verdict = lambda guard, cfg: None  # what-if: the chosen memory, whatever the guard says
+    try:
+        memory, report = memory_learn.learn_memory(
+            cfg, logs, props, idx, lambda lists: scores_of(model, lists, Vectors(idx, lists)), None, 20.0)
+    finally:
+        memory_learn.memory_verdict = judged
+    report["verdict"] = judged(report["guard"], cfg) if report.get("guard") else report.get("not_installed")
+    idx.close()
+    return memory, report
+
+
+def main() -> None:
+    from sieve.evaluation.report import machine_info
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="a feedback_sim.py work index, its logs in feedback/")
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--split", default="dev")
+    ap.add_argument("--cache", type=Path, help="the evaluation queries' served lists (computed once)")
+    ap.add_argument("--heldout", type=float, default=0.2)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    data = load_split(args.data, args.split)
+    load_before, began = os.getloadavg(), time.monotonic()
+    lists = served_lists(args.index, data, args.cache)
+    memory, report = learned(args.index, {"heldout": args.heldout})
+    base = {"per_query": ndcgs(lists, data)}
+    doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
+           "split": args.split, "queries": len(lists),
+           "default": round(float(np.mean(list(base["per_query"].values()))), 4),
+           "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "chosen", "guard", "verdict", "grid")}}
+    if memory is not None:
+        forced = {"per_query": ndcgs(lists, data, memory)}
+        doc.update({"forced_ndcg@10": round(float(np.mean(list(forced["per_query"].values()))), 4),
+                    "forced_vs_default": paired(forced, base)})
+    doc.update({"wall_s": round(time.monotonic() - began, 1), "load_after": os.getloadavg()})
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({k: doc.get(k) for k in ("default", "forced_ndcg@10", "forced_vs_default")}),
+          json.dumps({k: doc["memory"].get(k) for k in ("chosen", "guard", "verdict")}))
+
+
+if __name__ == "__main__":
+    main()
