@@ -21,18 +21,18 @@ from threadpoolctl import threadpool_info, threadpool_limits
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def per_product(matrix: np.ndarray, vector: np.ndarray, threads: int, products: int) -> tuple[float, float]:
-    """(CPU ms, wall ms) per product with `threads` threads each computing `products` of them."""
+def per_call(call, threads: int, calls: int) -> tuple[float, float]:
+    """(CPU ms, wall ms) per call with `threads` threads each making `calls` calls of `call()`."""
     def work():
-        for _ in range(products):
-            matrix @ vector
+        for _ in range(calls):
+            call()
     pool = [threading.Thread(target=work) for _ in range(threads)]
     cpu, wall = time.process_time(), time.perf_counter()
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    n = threads * products
+    n = threads * calls
     return 1000 * (time.process_time() - cpu) / n, 1000 * (time.perf_counter() - wall) / n
 
 
@@ -48,20 +48,6 @@ def memory_of(queries: int, dim: int, rng) -> tuple:
     memory = ClickMemory(1.0, 0.5, 10.0, 0.1, pairs, {f"d{i}": 0.5 for i in range(0, 5000, 3)}, w_near=1.0,
                          near_min=-1.0, near_k=8, near_keys=keys, near_vectors=vectors)
     return memory, [f"d{i}" for i in range(512)]
-
-
-def per_boost(memory, ids, vector, threads: int, products: int) -> tuple[float, float]:
-    def work():
-        for _ in range(products):
-            memory.boost("unknown", ids, vector)
-    pool = [threading.Thread(target=work) for _ in range(threads)]
-    cpu, wall = time.process_time(), time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    n = threads * products
-    return 1000 * (time.process_time() - cpu) / n, 1000 * (time.perf_counter() - wall) / n
 
 
 def main() -> None:
@@ -85,10 +71,10 @@ def main() -> None:
         for r in range(args.rounds):
             for side in ("default", "one thread"):
                 if side == "default":
-                    cpu, wall = per_product(matrix, vector, args.threads, args.products)
+                    cpu, wall = per_call(lambda: matrix @ vector, args.threads, args.products)
                 else:
                     with threadpool_limits(limits=1, user_api="blas"):
-                        cpu, wall = per_product(matrix, vector, args.threads, args.products)
+                        cpu, wall = per_call(lambda: matrix @ vector, args.threads, args.products)
                 rows.append({"rows": n, "round": r, "blas": side, "cpu_ms": round(cpu, 4), "wall_ms": round(wall, 4),
                              "load_avg_1m": round(os.getloadavg()[0], 2)})
                 print(json.dumps(rows[-1]), flush=True)
@@ -97,10 +83,10 @@ def main() -> None:
         for r in range(args.rounds):
             for side in ("default", "one thread"):
                 if side == "default":
-                    cpu, wall = per_boost(memory, ids, vector, args.threads, args.products)
+                    cpu, wall = per_call(lambda: memory.boost("unknown", ids, vector), args.threads, args.products)
                 else:
                     with threadpool_limits(limits=1, user_api="blas"):
-                        cpu, wall = per_boost(memory, ids, vector, args.threads, args.products)
+                        cpu, wall = per_call(lambda: memory.boost("unknown", ids, vector), args.threads, args.products)
                 rows.append({"memory_queries": queries, "round": r, "blas": side, "cpu_ms": round(cpu, 4),
                              "wall_ms": round(wall, 4), "load_avg_1m": round(os.getloadavg()[0], 2)})
                 print(json.dumps(rows[-1]), flush=True)
