@@ -175,10 +175,12 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
     `cfg.memory_select_answers` of them, whole queries drawn by hash: the grid's cost grows with them), several times
     the validation answers of one 10% share (a less noisy choice), and the held-out answers stay untouched for the
     guard."""
-    one = [(parts["fit"], lambda: score([e for e in entries
-                                          if side(e.key, e.t, held_from, val_from, cfg) == "validation"]))]
+    def single() -> list[tuple[list[Shown], Scored]]:
+        validation = [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) == "validation"]
+        return [(parts["fit"], score(validation))]
+
     if cfg.split != "query" or cfg.memory_folds < 2:
-        return [(counted, judged()) for counted, judged in one]
+        return single()
     rest = parts["fit"] + parts["validation"]
     judged = [[] for _ in range(cfg.memory_folds)]
     candidates = [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) != "heldout"]
@@ -187,7 +189,7 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
         if bucket(e.key + "/select") < share:
             judged[fold_of(e.key, cfg)].append(e)
     if not any(judged):  # a few queries with many answers each, none drawn under the cap: one fold, as split by time
-        return [(counted, score_them()) for counted, score_them in one]
+        return single()
     return [([a for a in rest if fold_of(a.key, cfg) != j], score(judged[j])) for j in range(cfg.memory_folds)
             if judged[j]]
 
