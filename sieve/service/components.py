@@ -106,10 +106,10 @@ def single_threaded_blas() -> None:
     """numpy's and FAISS's BLAS (OpenBLAS) on one thread in a serving process (/readyz `workers.blas_threads`
     reads numpy's back: service/workers.py). Every product the request threads compute is small, and they compute
     them concurrently: OpenBLAS hands a matrix-vector product of 2,000 x 384 or more to its thread pool, and 16
-    threads doing that at once spent 30-65 ms of CPU per product on the 2-core host instead of 0.36 ms (benchmarks/blas_concurrency.py). numpy's OpenBLAS
-    (threads of its own) takes the limit for the whole process; FAISS's is built on OpenMP, whose thread count is per
-    calling thread, so there it holds for this thread only (FAISS calls BLAS for batches of 20 queries or more, not
-    for a /search). Torch's threads (SIEVE_TORCH_THREADS) are not BLAS's and are left alone."""
+    threads doing that at once spent 30-65 ms of CPU per product on the 2-core host instead of 0.36 ms
+    (benchmarks/blas_concurrency.py). numpy's OpenBLAS (threads of its own) takes the limit for the whole process;
+    FAISS's is built on OpenMP, whose thread count is per calling thread, so there it holds for this thread only
+    (FAISS calls BLAS for batches of 20 queries or more, not for a /search). Torch's threads (SIEVE_TORCH_THREADS) are not BLAS's and are left alone."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
