@@ -109,7 +109,8 @@ def single_threaded_blas() -> None:
     threads doing that at once spent 30-65 ms of CPU per product on the 2-core host instead of 0.36 ms
     (benchmarks/blas_concurrency.py). numpy's OpenBLAS (threads of its own) takes the limit for the whole process;
     FAISS's is built on OpenMP, whose thread count is per calling thread, so there it holds for this thread only
-    (FAISS calls BLAS for batches of 20 queries or more, not for a /search). Torch's threads (SIEVE_TORCH_THREADS) are not BLAS's and are left alone."""
+    (FAISS calls BLAS for batches of 20 queries or more, not for a /search). Torch's threads (SIEVE_TORCH_THREADS)
+    are not BLAS's and are left alone."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
