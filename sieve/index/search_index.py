@@ -133,8 +133,8 @@ class SearchIndex:
         arr = np.asarray(rows, dtype=np.int64)
         if arr.ndim != 1:
             raise ValueError(f"rows must be a flat sequence of ints, got shape {arr.shape}")
-        bad = arr[(arr < 0) | (arr >= self.size)]
-        if len(bad):
+        if len(arr) and (arr.min() < 0 or arr.max() >= self.size):
+            bad = arr[(arr < 0) | (arr >= self.size)]
             raise ValueError(f"row(s) {bad[:10].tolist()} out of range; allowed rows are "
                              f"0..{self.size - 1}")
         return arr
@@ -256,6 +256,10 @@ class SearchIndex:
             raise ValueError(f"unknown embedding store {store!r}; this index has "
                              f"{sorted(self.manifest.stores) or 'no extra stores'}")
         dim = self.manifest.dim if store is None else int(self.manifest.stores[store]["dim"])
+        if len(self._p.segments) == 1 and self._p.live_to_phys is None:  # one segment, nothing deleted: rows are local
+            source = self._p.segments[0].embeddings if store is None else self._p.segments[0].stores[store]
+            if isinstance(source, np.ndarray) and source.dtype == np.float32:
+                return np.take(np.asarray(source), arr, axis=0)  # (n, dim), one gather
         out = np.empty((len(arr), dim), dtype=np.float32)
         seg, local = self._locate(arr)
         for s in np.unique(seg).tolist():

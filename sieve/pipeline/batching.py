@@ -154,19 +154,21 @@ class Runners:
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model")
 
-    def get(self, key: str, compute: Compute) -> Batcher | Direct:
+    def get(self, key: str, compute: Compute, max_wait_ms: float | None = None) -> Batcher | Direct:
+        """`max_wait_ms`: this runner's wait for more items (None: the config's; 0: what queued meanwhile)."""
         runner = self.runners.get(key)
         if runner is None:
             with self.lock:
                 runner = self.runners.get(key)
                 if runner is None:
-                    runner = self.runners[key] = self.make(key, compute)
+                    runner = self.runners[key] = self.make(key, compute, max_wait_ms)
         return runner
 
-    def make(self, key: str, compute: Compute) -> Batcher | Direct:
+    def make(self, key: str, compute: Compute, max_wait_ms: float | None = None) -> Batcher | Direct:
         hook = lambda name, n: self.on_batch and self.on_batch(name, n)  # noqa: E731 - read at call time
         if self.config.enabled:
-            return Batcher(key, compute, self.config.max_size, self.config.max_wait_ms, hook)
+            wait_ms = self.config.max_wait_ms if max_wait_ms is None else max_wait_ms
+            return Batcher(key, compute, self.config.max_size, wait_ms, hook)
         return Direct(key, compute, self.pool, hook)
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.batching import BatchConfig, Runners
 from sieve.pipeline.candidates import Candidates, ranked_scores
+from sieve.pipeline.dense_batch import DenseSearch
 from sieve.pipeline.errors import EncoderTimeout, QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.pipeline.remote_ce import RemoteCrossEncoder
@@ -87,6 +88,7 @@ class SearchOptions:
     batching: BatchConfig = BatchConfig()
     hybrid: HybridConfig = HybridConfig()
     stage_budgets_ms: dict = field(default_factory=dict)
+    dense: Any = None  # DenseSearch (pipeline/dense_batch.py): a first stage's vector search, batched; None: alone
 
 
 class Searcher:
@@ -106,10 +108,10 @@ class Searcher:
         self.models = {name: locks.locked(model) for name, model in models.items() if model is not None}
         self.index = index
         self.query_overflow = query_overflow
-        self.options = SearchOptions(batching, hybrid, dict(stage_budgets_ms or {}))
         self.stage_budgets_ms = dict(stage_budgets_ms or {})
         self.embedding_cache = embedding_cache
         self.runners = Runners(batching)
+        self.options = SearchOptions(batching, hybrid, dict(stage_budgets_ms or {}), DenseSearch(self.runners, self.awaited))
         self.memory = None  # a ClickMemory (sieve/feedback/memory.py) applied after the last stage; swapped live
 
     @property
@@ -180,7 +182,7 @@ class Searcher:
             pending.append((names, tower, vector, future))
         for names, tower, vector, future in pending:
             if future is not None:
-                vector = self.encoded(future, state)
+                vector = self.awaited(future, state, "the query encoder gave no vector")
                 if self.embedding_cache:
                     self.embedding_cache.put(tower, state.query, vector)
             state.timings_ms[f"{names[0]}_encode"] = (time.perf_counter() - started) * 1000
@@ -188,12 +190,12 @@ class Searcher:
                 state.query_vectors[name] = vector
 
     @staticmethod
-    def encoded(future, state: QueryState) -> torch.Tensor:
-        """The vector a query batcher computes. The first stage needs it, so it is waited for past the deadline, but
-        not forever: until the deadline plus the request's own timeout again (at least ENCODE_GRACE_S; a CPU server
-        behind on its encodings still answers late rather than not at all), and not once the client has gone; then
-        EncoderTimeout (a stalled batcher never holds a request thread for good). Without a deadline (library use)
-        as long as it takes."""
+    def awaited(future, state: QueryState, what: str = "the query encoder gave no vector"):
+        """What a runner computes for the first stage (the query vector, the vector search's candidates). The
+        request cannot go on without it, so it is waited for past the deadline, but not forever: until the deadline
+        plus the request's own timeout again (at least ENCODE_GRACE_S; a CPU server behind on its encodings still
+        answers late rather than not at all), and not once the client has gone; then EncoderTimeout (a stalled
+        batcher never holds a request thread for good). Without a deadline (library use) as long as it takes."""
         left = state.remaining_s()
         budget = None
         if left is not None:
@@ -201,7 +203,7 @@ class Searcher:
         vector = wait(future, budget, state)
         if vector is None:
             why = "the client hung up" if state.cancelled else "its deadline and as long again passed"
-            raise EncoderTimeout(f"the query encoder gave no vector before {why}")
+            raise EncoderTimeout(f"{what} before {why}")
         return vector
 
     def query_runner(self, tower: TextEncoder):

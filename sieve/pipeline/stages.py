@@ -27,6 +27,7 @@ from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.device import own_stream, run_graphed
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.dense_batch import search_dense
 from sieve.pipeline.evidence import be_of, bm25_of, features
 from sieve.pipeline.batching import in_order
 from sieve.pipeline.packing import chunks_in_order, chunks_under_budget, expired, pad_candidates, pad_lists, trim_to_longest
@@ -62,13 +63,18 @@ class FirstStage:
 
 
 class Retrieve(FirstStage):
-    """Maximum inner-product search of the bi-encoder query vector over the index."""
+    """Maximum inner-product search of the bi-encoder query vector over the index; `dense`: batched across
+    requests (pipeline/dense_batch.py), None: the index's own search, alone."""
+
+    def __init__(self, index, k: int, dense=None):
+        super().__init__(index, k)
+        self.dense = dense
 
     def __call__(self, state: QueryState) -> QueryState:
-        query = state.query_vectors["be"].float().cpu().numpy()[None, :]  # (1, d)
+        query = state.query_vectors["be"].float().cpu().numpy()  # (d,)
         with state.timed("mips"):
-            scores, rows = self.index.search(query, self.k)
-        state.candidates = Candidates(rows=rows[0], scores={"retrieve": scores[0].astype(np.float32)})
+            scores, rows = search_dense(self.dense, self.index, query, self.k, state)
+        state.candidates = Candidates(rows=rows, scores={"retrieve": scores.astype(np.float32)})
         state.counts[self.name] = len(state.candidates)
         return state
 

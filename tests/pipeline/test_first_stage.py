@@ -25,6 +25,25 @@ def test_rrf_ties_keep_first_appearance():
     assert rows.tolist() == [1, 2]
 
 
+def test_rrf_over_an_index_size_is_the_same_fusion():
+    """The size path (sums in an array of the index's size) gives the rows, order, ties and float sums of the sort
+    path, duplicates within a list included; rows outside [0, size) take the sort path."""
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        size = int(rng.integers(5, 400))
+        lists = [rng.integers(0, size, int(rng.integers(0, 60))) for _ in range(int(rng.integers(1, 4)))]
+        if trial % 3 == 0:  # ranked lists without repeats, as the first stages give
+            lists = [rng.permutation(size)[:int(rng.integers(1, size))] for _ in range(2)]
+        weights = rng.uniform(0.1, 2.0, len(lists)).tolist()
+        want_rows, want_scores = rrf_fuse(lists, weights, 7.0)
+        rows, scores = rrf_fuse(lists, weights, 7.0, size=size)
+        assert rows.tolist() == want_rows.tolist() and scores.tolist() == want_scores.tolist()
+    rows, _ = rrf_fuse([np.array([1, 2]), np.array([2, 1])], [1.0, 1.0], size=3)
+    assert rows.tolist() == [1, 2]
+    rows, _ = rrf_fuse([np.array([-1, 4])], [1.0], size=3)  # outside the size: the sort path, as before
+    assert rows.tolist() == [-1, 4]
+
+
 @pytest.fixture(scope="module")
 def searcher(demo_index_dir, biencoder):
     with SearchIndex.load(demo_index_dir) as index:

@@ -1,0 +1,80 @@
+"""CPU per query of the first stage's exact vector search, alone and in batches (pipeline/dense_batch.py): FAISS
+over a served index's flat vectors with its own choice of kernel, and as a serving runner searches a batch
+(`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries). Interleaved rounds on one thread, FAISS
+and BLAS on one thread (as a runner's thread runs them); medians of CPU microseconds per query.
+
+    .venv/bin/python benchmarks/dense_batch.py --index ../idx/scifact --out benchmarks/results/dense_batch_intel.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def per_query_us(search, vectors: np.ndarray, batch: int, seconds: float) -> float:
+    """CPU microseconds per query of `search(queries)` over batches of `batch` queries, for about `seconds`."""
+    calls, at, cpu = 0, 0, time.process_time()
+    while time.process_time() - cpu < seconds:
+        search(vectors[at:at + batch])
+        at, calls = (at + batch) % (len(vectors) - batch), calls + 1
+    return 1e6 * (time.process_time() - cpu) / (calls * batch)
+
+
+def main() -> None:
+    from threadpoolctl import threadpool_limits
+
+    from benchmarks.cmc_latency import machine
+    from sieve.index import SearchIndex
+    from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, blas_kernel, faiss_one_thread, search_batch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True, help="a `sieve index build` directory (flat vectors)")
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--k", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=0.5, help="per cell and round")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    rng = np.random.default_rng(0)
+    faiss_one_thread()
+    threadpool_limits(1)
+    with SearchIndex.load(args.index) as index:
+        vectors = rng.standard_normal((512, index.manifest.dim)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+
+        def faiss_default(queries):
+            blas_kernel(False)
+            return index.search(queries, args.k)
+
+        def served(queries):
+            return search_batch([(index, q, args.k) for q in queries])
+
+        kernels = {"FAISS's own choice": faiss_default, f"served (matrix product from {BLAS_MIN_BATCH})": served}
+        cells: dict = {(name, b): [] for name in kernels for b in batches}
+        for r in range(args.rounds):
+            for name, search in (kernels.items() if r % 2 == 0 else reversed(kernels.items())):
+                for b in batches:
+                    cells[(name, b)].append(per_query_us(search, vectors, b, args.seconds))
+        rows = [{"kernel": name, "batch": b, "cpu_us_per_query": round(statistics.median(v), 1),
+                 "rounds": [round(x, 1) for x in v]} for (name, b), v in cells.items()]
+        median = {(r["kernel"], r["batch"]): r["cpu_us_per_query"] for r in rows}
+        print(f"{index.size} rows x {index.manifest.dim}, top {args.k}, CPU us per query (median of {args.rounds})")
+        print("| batch | " + " | ".join(kernels) + " |\n|---:|" + "---:|" * len(kernels))
+        for b in batches:
+            print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + " |")
+        args.out.write_text(json.dumps({"machine": machine(), "index": str(args.index), "rows": index.size,
+                                        "dim": index.manifest.dim, "k": args.k, "command": " ".join(sys.argv),
+                                        "cells": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The first stage's vector search batched across requests (pipeline/dense_batch.py): each request gets the list a
+search of its own gives, whatever it was batched with (other k, another index version); concurrent /search-like
+calls through the Searcher agree with an unbatched Searcher; a stalled search runner ends the request (the bounded
+wait of Searcher.awaited, tests/pipeline/test_encode_deadline.py), never holds its thread for good."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from sieve.pipeline.batching import BatchConfig
+from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, DenseSearch, search_batch
+from sieve.pipeline.errors import EncoderTimeout
+from sieve.pipeline.searcher import Searcher, SearchParams
+
+QUERIES = ["how do volcanoes erupt", "ocean tides and the moon", "history of the printing press",
+           "photosynthesis in plants", "black holes", "the french revolution", "vaccines and immunity",
+           "plate tectonics", "jazz music origins"]
+
+
+def same_list(got: tuple, want: tuple) -> None:
+    """Equal rows and scores; the matrix-product kernel may round a score in its last bit, so rows may trade places
+    only where two scores are that close."""
+    (scores, rows), (want_scores, want_rows) = got, want
+    assert len(rows) == len(want_rows)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
+    close = np.zeros(len(rows), dtype=bool)
+    gaps = np.abs(np.diff(want_scores)) < 1e-5
+    close[:-1] |= gaps
+    close[1:] |= gaps
+    assert (rows[~close] == want_rows[~close]).all()
+
+
+def test_each_item_of_a_batch_gets_its_own_search(biencoder, demo):
+    vectors = biencoder.encode_queries(QUERIES).float().numpy()  # (9, d)
+    ks = [5, 5, 20, 5, 20, 3, 5, 5, 20]
+    items = [(demo, vectors[i], k) for i, k in enumerate(ks)]
+    assert sum(k == 5 for k in ks) >= BLAS_MIN_BATCH  # one group large enough for FAISS's matrix-product kernel
+    for (scores, rows), (index, vector, k) in zip(search_batch(items), items):
+        want = index.search(vector[None, :], k)
+        same_list((scores, rows), (want[0][0], want[1][0]))
+        assert len(rows) == min(k, demo.size)
+
+
+def test_items_of_two_index_versions_are_searched_each_in_its_own(biencoder, demo):
+    class Other:  # another version: the same vectors, rows numbered backwards
+        size = demo.size
+
+        def search(self, queries, k):
+            scores, rows = demo.search(queries, k)
+            return scores, demo.size - 1 - rows
+
+    other = Other()
+    vectors = biencoder.encode_queries(QUERIES[:4]).float().numpy()
+    out = search_batch([(demo, vectors[0], 5), (other, vectors[1], 5), (demo, vectors[2], 5), (other, vectors[3], 5)])
+    for (scores, rows), index, vector in zip(out, [demo, other, demo, other], vectors):
+        want = index.search(vector[None, :], 5)
+        same_list((scores, rows), (want[0][0], want[1][0]))
+
+
+def test_concurrent_searches_agree_with_unbatched_ones(biencoder, demo):
+    batched = Searcher(biencoder, demo)
+    alone = Searcher(biencoder, demo, batching=BatchConfig(enabled=False))
+    try:
+        params = [SearchParams(q, top_k=10, retrieve_k=30, rerank="none", retriever=r, use_cache=False)
+                  for q in QUERIES for r in ("be", "hybrid")]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(batched.search, params))
+        for p, out in zip(params, got):
+            want = alone.search(p).candidates
+            assert out.candidates.rows.tolist() == want.rows.tolist(), p.query
+        sizes = []
+        batched.runners.on_batch = lambda name, n: sizes.append((name, n))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(batched.search, params))
+        assert any(name == "dense" for name, _ in sizes)  # the vector searches went through the runner
+    finally:
+        batched.close()
+        alone.close()
+
+
+class Stalled:
+    def __init__(self):
+        self.futures: list[Future] = []
+
+    def submit(self, item) -> Future:
+        self.futures.append(Future())
+        return self.futures[-1]
+
+
+class StalledRunners:
+    """Runners whose dense runner never answers (a stuck search); the query encoder runs as usual."""
+
+    def __init__(self, real):
+        self.real, self.config, self.stalled = real, real.config, Stalled()
+
+    def get(self, key, compute, max_wait_ms=None):
+        return self.stalled if key == "dense" else self.real.get(key, compute, max_wait_ms)
+
+
+def test_a_stalled_vector_search_ends_the_request(biencoder, demo):
+    searcher = Searcher(biencoder, demo)
+    stalled = StalledRunners(searcher.runners)
+    searcher.options = searcher.options.__class__(searcher.options.batching, searcher.options.hybrid, {},
+                                                  DenseSearch(stalled, searcher.awaited))
+    try:
+        started = time.monotonic()
+        with pytest.raises(EncoderTimeout, match="vector search"):
+            searcher.search(SearchParams("volcano", rerank="none", retriever="be", use_cache=False, timeout_ms=1))
+        assert time.monotonic() - started < 1.0 + 5  # ENCODE_GRACE_S, polled every 0.1 s (slack for a busy host)
+        assert stalled.stalled.futures and all(f.cancelled() for f in stalled.stalled.futures)
+    finally:
+        searcher.close()
