@@ -16,7 +16,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from sieve.models.biencoder import SentenceEncoder
 from sieve.models.buckets import bucket_tokens
-from sieve.models.clip import clip_all, clip_chars
+from sieve.models.clip import CHARS_PER_TOKEN, clip_all, clip_chars
 from sieve.models.device import DeviceRuntime, own_stream, run_graphed
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
@@ -81,10 +81,39 @@ class TextEncoder:
         batch = self.tokenizer(clip_all(texts, max_length), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
 
+    def tokenize_counted(self, texts: Sequence[str], max_length: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """`tokenize(texts, max_length)` and each text's `count_tokens`, tokenizing once: the token counter's batch
+        call (Rust, without the interpreter lock) gives every text's ids untruncated; when all fit in max_length
+        they are the ids the tokenizer would give, padded here as it pads (tests/models/test_tokenize_counted.py).
+        Otherwise (a text over the limit or long enough to be clipped, a tokenizer without a Rust backend) the
+        tokenizer's own call with its truncation, and each count as count_tokens makes it."""
+        limit = max_length * CHARS_PER_TOKEN
+        if self.counter is None or any(len(t) > limit for t in texts):
+            return self.tokenize(texts, max_length), [self.count_tokens(t) for t in texts]
+        ids = [e.ids for e in self.counter.encode_batch(list(texts))]
+        counts = [len(row) for row in ids]
+        if max(counts, default=0) > max_length:
+            return self.tokenize(texts, max_length), [self.count_tokens(t) for t in texts]
+        width = max(counts, default=0)
+        input_ids = np.full((len(ids), width), self.tokenizer.pad_token_id or 0, dtype=np.int64)  # (B, L)
+        mask = np.zeros((len(ids), width), dtype=np.int64)  # (B, L)
+        left = self.tokenizer.padding_side == "left"
+        for row, (tokens, n) in enumerate(zip(ids, counts)):
+            at = slice(width - n, width) if left else slice(0, n)
+            input_ids[row, at], mask[row, at] = tokens, 1
+        return {"input_ids": torch.from_numpy(input_ids).to(self.device),
+                "attention_mask": torch.from_numpy(mask).to(self.device)}, counts
+
     def encode_queries(self, texts: Sequence[str]) -> torch.Tensor:
         """(B, d) unit vectors on the encoder's device."""
         with torch.inference_mode(), own_stream(self.device, self.runtime.streams):
             return self.forward_queries(self.tokenize(texts, self.lengths.query_max_length))
+
+    def encode_queries_counted(self, texts: Sequence[str]) -> list[tuple[torch.Tensor, int]]:
+        """Each text's (unit vector (d,), count_tokens): what a query batcher answers (pipeline/searcher.py)."""
+        batch, counts = self.tokenize_counted(texts, self.lengths.query_max_length)
+        with torch.inference_mode(), own_stream(self.device, self.runtime.streams):
+            return list(zip(self.forward_queries(batch), counts))
 
     def forward_queries(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The query module over a tokenized batch, at its bucketed shape when the runtime says so (padding rows and

@@ -149,22 +149,30 @@ class Searcher:
 
     # -- query side -------------------------------------------------------------------------------------------
     def new_state(self, query: str, timeout_ms: int | None = None,
-                  cancelled: threading.Event | None = None) -> QueryState:
+                  cancelled: threading.Event | None = None, count: bool = True) -> QueryState:
+        """`count=False`: the query's tokens are counted later (`counted`), by the bi-encoder's batcher as it
+        tokenizes the query anyway, unless a too-long query is rejected (then counted here, before any work)."""
         started = time.monotonic()
         query = normalise_query(query)
         if not query:
             raise RequestError("query is empty or only whitespace", field="query", allowed="a non-empty string")
-        limit = self.biencoder.lengths.query_max_length
         state = QueryState(query, index=self.index)
         state.deadline = Deadline(started + timeout_ms / 1000 if timeout_ms else None, cancelled)
         state.timeout_s = timeout_ms / 1000 if timeout_ms else None
-        n_tokens = self.biencoder.count_tokens(query)
+        if count or self.query_overflow == "reject":
+            self.counted(state, self.biencoder.count_tokens(query))
+        return state
+
+    def counted(self, state: QueryState, n_tokens: int) -> None:
+        """The query's length against the bi-encoder's limit: 4xx (SIEVE_QUERY_OVERFLOW=reject) or the truncation
+        warning, first among the warnings."""
+        limit = self.biencoder.lengths.query_max_length
+        state.query_tokens = n_tokens
         if n_tokens > limit:
             if self.query_overflow == "reject":
                 raise QueryTooLong(f"query is {n_tokens} tokens; this server accepts at most {limit}",
                                    field="query", allowed=f"at most {limit} tokens (SIEVE_QUERY_MAX_LENGTH)")
-            state.warnings.append(f"query truncated from {n_tokens} to {limit} tokens")
-        return state
+            state.warnings.insert(0, f"query truncated from {n_tokens} to {limit} tokens")
 
     def encode_query(self, state: QueryState, towers: dict[str, TextEncoder]) -> None:
         """One encoding per distinct tower (a CMC whose query tower is the bi-encoder shares its encoding), each
@@ -182,7 +190,9 @@ class Searcher:
             pending.append((names, tower, vector, future))
         for names, tower, vector, future in pending:
             if future is not None:
-                vector = self.awaited(future, state, "the query encoder gave no vector")
+                vector, n_tokens = self.awaited(future, state, "the query encoder gave no vector")
+                if tower is self.biencoder and state.query_tokens is None:
+                    self.counted(state, n_tokens)
                 if self.embedding_cache:
                     self.embedding_cache.put(tower, state.query, vector)
             state.timings_ms[f"{names[0]}_encode"] = (time.perf_counter() - started) * 1000
@@ -207,7 +217,8 @@ class Searcher:
         return vector
 
     def query_runner(self, tower: TextEncoder):
-        return self.runners.get(f"query:{tower.name}:{id(tower)}", lambda texts: list(tower.encode_queries(texts)))
+        """Its batcher answers each query's (vector, token count)."""
+        return self.runners.get(f"query:{tower.name}:{id(tower)}", tower.encode_queries_counted)
 
     def run(self, stages: Sequence[Stage], state: QueryState) -> QueryState:
         for stage in stages:
@@ -321,7 +332,7 @@ class Searcher:
 
     def search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
-        state = self.new_state(params.query, params.timeout_ms, params.cancelled)
+        state = self.new_state(params.query, params.timeout_ms, params.cancelled, count=False)
         index = state.index
         params = self.resolve(params, index)
         checked = self.check_params(params, index)
@@ -332,6 +343,8 @@ class Searcher:
             retrieve_k = index.size
         stages = self.plan(checked, params, retrieve_k, index)
         self.encode_query(state, self.towers(checked))
+        if state.query_tokens is None:  # not encoded by the bi-encoder's batcher (a cached vector, BM25 alone)
+            self.counted(state, self.biencoder.count_tokens(state.query))
         state = self.run(stages, state)
         memory = self.memory  # one read: a swap mid-request does not mix two memories
         if memory is not None:

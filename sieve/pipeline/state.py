@@ -46,6 +46,7 @@ class QueryState:
     ran: list[str] = field(default_factory=list)  # stages that ranked the candidates, in order
     index: object | None = None  # the index version this request reads from start to end
     use_cache: bool = True  # False: the caller asked for fresh work (Cache-Control: no-cache), no cached vectors
+    query_tokens: int | None = None  # the query's tokens for the bi-encoder, once counted (Searcher.counted)
 
     @property
     def partial(self) -> bool:
