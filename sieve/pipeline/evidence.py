@@ -40,14 +40,21 @@ def rank_feature(values: np.ndarray) -> np.ndarray:
 
 
 def standardised(values: np.ndarray) -> np.ndarray:
-    std = values.std()
-    return (values - values.mean()) / std if std > 0 else np.zeros_like(values)
+    """(values - mean) / std (0 where std is 0): numpy's mean and std, each step as numpy takes it (the same
+    float results, tests/pipeline/test_evidence.py), the deviations computed once."""
+    if not len(values):
+        return np.zeros_like(values)
+    deviations = values - values.mean()
+    std = np.sqrt(np.multiply(deviations, deviations).sum() / len(values))
+    return deviations / std if std > 0 else np.zeros_like(values)
 
 
 def features(be: np.ndarray, bm25: np.ndarray, n: int = len(FEATURES)) -> np.ndarray:
     """be, bm25: (K,) scores of a list in first-stage order -> (K, n) float32: the first n of FEATURES (only those
     are computed)."""
-    be, bm25 = np.asarray(be, dtype=np.float64), np.nan_to_num(np.asarray(bm25, dtype=np.float64))
+    be, bm25 = np.asarray(be, dtype=np.float64), np.asarray(bm25, dtype=np.float64)
+    if not np.isfinite(bm25).all():
+        bm25 = np.nan_to_num(bm25)
     top = bm25.max(initial=0.0)
     columns = (lambda: position_prior(len(be)), lambda: rank_feature(be), lambda: rank_feature(bm25), lambda: be,
                lambda: bm25 / top if top > 0 else np.zeros_like(bm25), lambda: bm25 > 0,

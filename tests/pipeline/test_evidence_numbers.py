@@ -1,0 +1,48 @@
+"""The evidence features (pipeline/evidence.py) are the numbers numpy's own formulas give, bit for bit: a served CMC
+must see the features it was trained on, whatever shortcut serving takes."""
+from __future__ import annotations
+
+import numpy as np
+
+from sieve.pipeline.evidence import FEATURES, features, position_prior, standardised
+
+
+def reference(be, bm25):
+    """The features as first written: numpy's mean, std, nan_to_num and stable argsort, column by column."""
+    be, bm25 = np.asarray(be, dtype=np.float64), np.nan_to_num(np.asarray(bm25, dtype=np.float64))
+
+    def rank(v):
+        out = np.empty(len(v))
+        out[np.argsort(-v, kind="stable")] = -np.log1p(np.arange(len(v), dtype=np.float64))
+        return out
+
+    def z(v):
+        return (v - v.mean()) / v.std() if v.std() > 0 else np.zeros_like(v)
+
+    top = bm25.max(initial=0.0)
+    cols = [-np.log1p(np.arange(len(be), dtype=np.float64)), rank(be), rank(bm25), be,
+            bm25 / top if top > 0 else np.zeros_like(bm25), bm25 > 0, z(be), z(bm25)]
+    return np.stack([np.asarray(c, dtype=np.float64) for c in cols], axis=1).astype(np.float32)
+
+
+def test_features_are_numpys_formulas_bit_for_bit():
+    rng = np.random.default_rng(5)
+    for k in [1, 2, 7, 100, 512, 1000]:
+        for trial in range(5):
+            be = rng.standard_normal(k).astype(np.float32) * rng.uniform(0.01, 10)
+            bm25 = np.abs(rng.standard_normal(k)).astype(np.float32) * (rng.random(k) < 0.6)
+            if trial == 1:
+                bm25[rng.random(k) < 0.2] = np.nan  # texts outside the index: no BM25
+            if trial == 2:
+                bm25[:] = 0.0  # no candidate shares a term: std 0
+            if trial == 3:
+                be[:] = 0.25  # constant: std 0
+            got, want = features(be, bm25), reference(be, bm25)
+            assert got.shape == (k, len(FEATURES)) and np.array_equal(got, want, equal_nan=True), (k, trial)
+            assert np.array_equal(features(be, bm25, 3), want[:, :3])
+
+
+def test_standardised_of_nothing_and_of_a_constant():
+    assert standardised(np.empty(0)).shape == (0,)
+    assert not standardised(np.full(4, 3.0)).any()
+    assert position_prior(3).tolist() == [0.0, -np.log(2), -np.log(3)]
