@@ -5,7 +5,8 @@ from sieve.pipeline.stages import Retrieve
 
 SPEC = register(StageSpec(
     name="be", role=RETRIEVER, summary="bi-encoder + FAISS maximum inner-product search",
-    build=lambda ctx: [(EngineDense if answers_itself(ctx.index) else Retrieve)(ctx.index, ctx.k, ctx.options.dense)],
+    build=lambda ctx: [EngineDense(ctx.index, ctx.k) if answers_itself(ctx.index)
+                       else Retrieve(ctx.index, ctx.k, ctx.options.dense)],
     query_towers=lambda model, biencoder: {"be": biencoder},
     timing_keys=("be_encode", "mips"),
     reads=("nprobe", "ef_search", "faiss_gpu"),
