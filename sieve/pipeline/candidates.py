@@ -89,6 +89,8 @@ def ranked_scores(scores: dict) -> np.ndarray:
     lowest score above it (the gaps between its scores kept). Each stage's raw score stays in `scores`."""
     columns = [np.asarray(v, dtype=np.float64) for c, v in scores.items() if c in registry.ranking_keys()]
     assert columns, "every candidate has a retrieve score"
+    if np.isfinite(columns[-1]).all():  # the last stage scored every candidate: one run, what the loop below gives
+        return np.minimum.accumulate(columns[-1])
     table = np.stack(columns)  # (stages, K)
     owner = np.where(~np.isnan(table), np.arange(len(columns))[:, None], -1).max(axis=0)  # (K,) last stage
     assert (owner >= 0).all(), "every candidate has a retrieve score"

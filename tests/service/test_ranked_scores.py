@@ -71,3 +71,17 @@ def test_the_search_answer_built_without_validation_is_what_the_schema_validates
     assert to_json(built) == to_json(validated)
     assert schemas.SearchResponse.model_validate_json(to_json(built)) == validated
     assert all(type(h.score) is float and type(h.rank) is int for h in built.results)
+
+
+def test_a_list_its_last_stage_scored_whole_gets_that_stages_scores_never_rising():
+    """The shortcut for a last column without gaps (CMC over every candidate) is the loop's answer: its scores as
+    they are where they already fall, held at the running minimum where a later candidate scored higher (a
+    click-memory re-sort can leave a column out of order)."""
+    from sieve.pipeline.candidates import ranked_scores
+
+    cmc = np.array([3.0, 2.5, 2.5, 2.7, -1.0, -4.0], dtype=np.float32)
+    got = ranked_scores({"retrieve": np.linspace(1, 0, 6, dtype=np.float32), "cmc": cmc})
+    assert got.tolist() == [3.0, 2.5, 2.5, 2.5, -1.0, -4.0]
+    with_gap = cmc.copy()
+    with_gap[5] = np.nan  # a gap: the loop, the retrieve score shifted below the last CMC score
+    assert ranked_scores({"retrieve": np.linspace(1, 0, 6, dtype=np.float32), "cmc": with_gap})[5] < -1.0
