@@ -21,7 +21,7 @@ so a smaller group keeps FAISS's own choice.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -48,21 +48,28 @@ def faiss_one_thread() -> None:
     faiss.omp_set_num_threads(1)
 
 
-def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """items: (index, query vector (d,) float32, k) -> each item's (scores (k',), rows (k',)), k' = min(k, size):
-    one `index.search` per (index version, k) group."""
+def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
+    """items: (index, query vector (d,) float32, k) -> (item, (scores (k',), rows (k',))) pairs, k' = min(k, size),
+    one `index.search` per (index version, k) group, each group answered as soon as it is searched
+    (pipeline/batching.py). A group whose search fails does not fail the others: its error reaches its own
+    requests once the rest are answered."""
     faiss_one_thread()
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (index, _, k) in enumerate(items):
         groups.setdefault((id(index), k), []).append(i)
-    results: list[Any] = [None] * len(items)
+    failed: BaseException | None = None
     for (_, k), members in groups.items():
         index = items[members[0]][0]
         blas_kernel(len(members) >= BLAS_MIN_BATCH)
-        scores, rows = index.search(np.stack([items[i][1] for i in members]), k)  # (B, k')
+        try:
+            scores, rows = index.search(np.stack([items[i][1] for i in members]), k)  # (B, k')
+        except Exception as exc:  # noqa: BLE001 - raised below, to this group's requests only
+            failed = failed or exc
+            continue
         for b, i in enumerate(members):
-            results[i] = (scores[b], rows[b])
-    return results
+            yield i, (scores[b], rows[b])
+    if failed is not None:
+        raise failed
 
 
 def search_dense(dense, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:

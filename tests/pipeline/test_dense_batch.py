@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from sieve.pipeline.batching import BatchConfig
+from sieve.pipeline.batching import BatchConfig, in_order
 from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, DenseSearch, search_batch
 from sieve.pipeline.errors import EncoderTimeout
 from sieve.pipeline.searcher import Searcher, SearchParams
@@ -38,7 +38,7 @@ def test_each_item_of_a_batch_gets_its_own_search(biencoder, demo):
     ks = [5, 5, 20, 5, 20, 3, 5, 5, 20]
     items = [(demo, vectors[i], k) for i, k in enumerate(ks)]
     assert sum(k == 5 for k in ks) >= BLAS_MIN_BATCH  # one group large enough for FAISS's matrix-product kernel
-    for (scores, rows), (index, vector, k) in zip(search_batch(items), items):
+    for (scores, rows), (index, vector, k) in zip(in_order(search_batch(items), len(items)), items):
         want = index.search(vector[None, :], k)
         same_list((scores, rows), (want[0][0], want[1][0]))
         assert len(rows) == min(k, demo.size)
@@ -54,7 +54,7 @@ def test_items_of_two_index_versions_are_searched_each_in_its_own(biencoder, dem
 
     other = Other()
     vectors = biencoder.encode_queries(QUERIES[:4]).float().numpy()
-    out = search_batch([(demo, vectors[0], 5), (other, vectors[1], 5), (demo, vectors[2], 5), (other, vectors[3], 5)])
+    out = in_order(search_batch([(demo, vectors[0], 5), (other, vectors[1], 5), (demo, vectors[2], 5), (other, vectors[3], 5)]), 4)
     for (scores, rows), index, vector in zip(out, [demo, other, demo, other], vectors):
         want = index.search(vector[None, :], 5)
         same_list((scores, rows), (want[0][0], want[1][0]))
@@ -79,6 +79,24 @@ def test_concurrent_searches_agree_with_unbatched_ones(biencoder, demo):
     finally:
         batched.close()
         alone.close()
+
+
+def test_a_failing_version_fails_only_its_own_requests(biencoder, demo):
+    class Closed:
+        size = demo.size
+
+        def search(self, queries, k):
+            raise RuntimeError("this version is closed")
+
+    vectors = biencoder.encode_queries(QUERIES[:3]).float().numpy()
+    items = [(Closed(), vectors[0], 5), (demo, vectors[1], 5), (demo, vectors[2], 7)]
+    answered = {}
+    with pytest.raises(RuntimeError, match="closed"):  # raised after the other groups were answered
+        for i, result in search_batch(items):
+            answered[i] = result
+    assert set(answered) == {1, 2}  # the batcher gives the error to item 0 only (pipeline/batching.py)
+    for i in (1, 2):
+        assert answered[i][1].tolist() == demo.search(items[i][1][None, :], items[i][2])[1][0].tolist()
 
 
 class Stalled:
