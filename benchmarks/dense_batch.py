@@ -56,7 +56,7 @@ def main() -> None:
             return index.search(queries, args.k)
 
         def served(queries):
-            return search_batch([(index, q, args.k) for q in queries])
+            return list(search_batch([(index, q, args.k) for q in queries]))
 
         kernels = {"FAISS's own choice": faiss_default, f"served (matrix product from {BLAS_MIN_BATCH})": served}
         cells: dict = {(name, b): [] for name in kernels for b in batches}
