@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -47,6 +48,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     faiss_one_thread()
     threadpool_limits(1)
+    load_before = os.getloadavg()
     with SearchIndex.load(args.index) as index:
         vectors = rng.standard_normal((512, index.manifest.dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -73,6 +75,7 @@ def main() -> None:
             print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + " |")
         args.out.write_text(json.dumps({"machine": machine(), "index": str(args.index), "rows": index.size,
                                         "dim": index.manifest.dim, "k": args.k, "command": " ".join(sys.argv),
+                                        "load_before": load_before, "load_after": os.getloadavg(),
                                         "cells": rows}, indent=1) + "\n")
 
 

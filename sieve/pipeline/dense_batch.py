@@ -3,7 +3,7 @@
 One query vector searched alone is a matrix-vector product: it reads every stored vector (8 MB for SciFact's 5,183
 x 384 floats) to score one query, so it is bound by memory, not arithmetic. Searched together, B queries read the
 vectors once (a matrix product) and each costs a fraction: on a 2-core Intel Xeon, FAISS's exact top-512 over
-SciFact took about 470 us of CPU for one query alone and 210 us per query in a batch of 8
+SciFact took about 470 us of CPU for one query alone and 200 us per query in a batch of 8
 (benchmarks/dense_batch.py).
 On a GPU the stored vectors stay on the device (index/device_flat.py) and a batch is one kernel launch, not B.
 
