@@ -46,10 +46,11 @@ def pad_lists(lists: Sequence[np.ndarray], device: torch.device) -> tuple[torch.
     torch.zeros of a large tensor fills it on every intra-op thread, and on a busy CPU that parallel region cost
     ~1.4 ms of CPU per (1, 512, 384) list against ~0.02 ms here (same values)."""
     longest = max(len(c) for c in lists)
-    padded = np.zeros((len(lists), longest, *np.shape(lists[0])[1:]), dtype=np.float32)  # (B, K, ...)
+    padded = np.empty((len(lists), longest, *np.shape(lists[0])[1:]), dtype=np.float32)  # (B, K, ...)
     mask = np.zeros((len(lists), longest), dtype=bool)  # (B, K)
-    for b, c in enumerate(lists):
+    for b, c in enumerate(lists):  # each row written once: the list, then zeros after it
         padded[b, :len(c)] = c
+        padded[b, len(c):] = 0.0
         mask[b, :len(c)] = True
     return torch.from_numpy(padded).to(device), torch.from_numpy(mask).to(device)
 
