@@ -91,8 +91,9 @@ def deeper_hits(cands, index, with_documents: bool) -> list[schemas.SearchHit]:
 def inserted(response: schemas.SearchResponse, positions: list[int], extra: list) -> schemas.SearchResponse:
     """`extra` shown at `positions` (1-based, ascending), the answer's own results in order in the other positions
     (its last len(extra) no longer shown); rank and score stay with the position (score never increases)."""
-    own, extra, hits = iter(response.results), iter(extra), []
-    for position, slot in enumerate(response.results, 1):
+    first = positions[0]
+    own, extra, hits = iter(response.results[first - 1:]), iter(extra), list(response.results[:first - 1])
+    for position, slot in enumerate(response.results[first - 1:], first):  # the ones above stay as they were
         hit = next(extra) if position in positions else next(own)
         hits.append(schemas.SearchHit.model_construct(id=hit.id, rank=slot.rank, score=slot.score, scores=hit.scores,
                                                       document=hit.document))
