@@ -111,8 +111,6 @@ def main() -> None:
     ap.add_argument("--heldout", type=float, default=0.2)
     ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
-    ap.add_argument("--pool-grid", help="the learner's pooled (near_min:near_k) grid for this run (comma-separated; "
-                    "'none': no pooled term; default: its own)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)
@@ -123,15 +121,11 @@ def main() -> None:
         memory_learn.NEAR_GRID = tuple(float(x) for x in args.near_grid.split(","))
     if args.near_k_grid:
         memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
-    if args.pool_grid:
-        memory_learn.POOL_GRID = () if args.pool_grid == "none" else tuple(
-            (float(a), int(b)) for a, b in (x.split(":") for x in args.pool_grid.split(",")))
     memory, report = learned(args.index, {"heldout": args.heldout})
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
            "split": args.split, "queries": len(lists),
-           "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID,
-                    "pool": memory_learn.POOL_GRID},
+           "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID},
            "default": round(float(np.mean(list(base["per_query"].values()))), 4),
            "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "chosen", "guard", "verdict", "grid")}}
     if memory is not None:

@@ -15,9 +15,7 @@ with evidence are kept.
 At /search (`rerank`), after the last ranking stage scored all the candidates and before the top_k cut:
     score' = score + w_q x f(query, document) + w_d x f(document)
          (+ w_n x f(nearest other remembered queries, document): the cosine-weighted mean of f over the near_k
-            remembered queries closest to this one by query vector, those with cosine >= near_min; with near_pool,
-            f of their clicks and examinations pooled (cosine-weighted sums, then the log ratio): query-log document
-            expansion, a document many near queries' users clicked counting more than one that one of them did)
+            remembered queries closest to this one by query vector, those with cosine >= near_min)
 where `score` is the answer's own `score` (never increasing down the list), and the list is sorted by score' again
 (stable): a clicked document deeper in the candidates can rise, one examined often and never clicked can fall.
 The query is found by the hash the impression recorder logs (records.query_key of the whitespace-normalised query).
@@ -101,26 +99,21 @@ class ClickMemory:
     near_k: int = 1  # how many of the nearest remembered queries (cos >= near_min) the term averages
     near_keys: list[str] = field(default_factory=list)  # queries whose vectors are kept (rows of near_vectors)
     near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
-    near_pool: bool = False  # the near term pools the near queries' counts (pair_counts) instead of averaging their f
-    pair_counts: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # near_pool: (clicks, exams)
     version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
     about: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, tallies: Tallies, w_query: float, w_doc: float, pseudo: float, about: dict | None = None,
               w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None,
-              near_k: int = 1, near_pool: bool = False):
+              near_k: int = 1):
         """`vectors`: query key -> the query's vector (the impressions'), for the nearest-query term."""
         prior = tallies.prior
         pairs: dict[str, dict[str, float]] = {}
-        counts: dict[str, dict[str, tuple[float, float]]] = {}
         docs: dict[str, float] = {}
         if prior > 0:
             if w_query or w_near:
                 for (key, doc), (c, e) in tallies.pairs.items():
                     pairs.setdefault(key, {})[doc] = log_ratio(c, e, prior, pseudo)
-                    if near_pool:
-                        counts.setdefault(key, {})[doc] = (c, e)
             if w_doc:
                 docs = {doc: log_ratio(c, e, prior, pseudo) for doc, (c, e) in tallies.docs.items()}
         keys, matrix = [], None
@@ -130,12 +123,11 @@ class ClickMemory:
                 matrix = np.stack([vectors[k] for k in keys]).astype(np.float32)
                 matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
         return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, near_k, keys,
-                   matrix, near_pool, counts, about=dict(about or {}))
+                   matrix, about=dict(about or {}))
 
     def nearest(self, key: str, vector) -> dict[str, float]:
         """f of the nearest other remembered queries (up to near_k with cos >= near_min; more than one: their
-        cosine-weighted mean, a document one of them has no evidence for counting 0 there; near_pool: f of their
-        cosine-weighted pooled counts), {} when there is none."""
+        cosine-weighted mean, a document one of them has no evidence for counting 0 there), {} when there is none."""
         if not self.w_near or vector is None or self.near_vectors is None:
             return {}
         v = np.asarray(vector, np.float32).reshape(-1)
@@ -144,8 +136,6 @@ class ClickMemory:
         top = np.argpartition(-sims, n - 1)[:n] if len(sims) > n else np.arange(len(sims))
         near = [(self.near_keys[j], float(sims[j])) for j in top[np.argsort(-sims[top], kind="stable")]
                 if sims[j] >= self.near_min and self.near_keys[j] != key][:self.near_k]
-        if self.near_pool:
-            return self.pooled(near)
         if len(near) <= 1:
             return self.pairs[near[0][0]] if near else {}
         total, mean = sum(sim for _, sim in near), defaultdict(float)
@@ -153,24 +143,6 @@ class ClickMemory:
             for doc, f in self.pairs[other].items():
                 mean[doc] += sim / total * f
         return mean
-
-    def pooled(self, near: list[tuple[str, float]]) -> dict[str, float]:
-        """f of the near queries' clicks and examinations summed with their cosines as weights (smoothed as f is)."""
-        sums: dict[str, list[float]] = {}
-        for other, sim in near:
-            for doc, (c, e) in self.pair_counts.get(other, {}).items():
-                cell = sums.get(doc)
-                if cell is None:
-                    sums[doc] = [sim * c, sim * e]
-                else:
-                    cell[0] += sim * c
-                    cell[1] += sim * e
-        m, prior = self.pseudo, self.prior
-        out = {}
-        for doc, (c, e) in sums.items():  # log_ratio, without numpy per document (this runs on /search)
-            f = math.log(max((c + m * prior) / (e + m), 1e-9) / prior)
-            out[doc] = min(max(f, -F_CLIP), F_CLIP)
-        return out
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.pairs.values()) + len(self.docs)
@@ -206,8 +178,7 @@ class ClickMemory:
         vectors = {} if self.near_vectors is None else {k: pack(v) for k, v in zip(self.near_keys, self.near_vectors)}
         path.write_text(json.dumps({"w_query": self.w_query, "w_doc": self.w_doc, "pseudo": self.pseudo,
                                     "prior": self.prior, "w_near": self.w_near, "near_min": self.near_min,
-                                    "near_k": self.near_k, "near_pool": self.near_pool,
-                                    "pair_counts": self.pair_counts,
+                                    "near_k": self.near_k,
                                     "pairs": self.pairs, "docs": self.docs, "vectors": vectors,
                                     "about": self.about}, separators=(",", ":")), encoding="utf-8")
         return path
@@ -221,7 +192,5 @@ class ClickMemory:
         return cls(float(raw["w_query"]), float(raw["w_doc"]), float(raw["pseudo"]), float(raw["prior"]),
                    {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
                    {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
-                   float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix,
-                   bool(raw.get("near_pool", False)),
-                   {k: {d: (float(c), float(e)) for d, (c, e) in v.items()} for k, v in raw.get("pair_counts", {}).items()},
-                   Path(directory).name, raw.get("about", {}))
+                   float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix, Path(directory).name,
+                   raw.get("about", {}))

@@ -6,7 +6,7 @@ hash of the query key: a query is on one side in every run) or by time (the late
 the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
 answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
 of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
-near_k of them, or their counts pooled: POOL_GRID); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
+near_k of them); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
 a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
@@ -32,7 +32,6 @@ W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the 
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
 NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which a near remembered query counts
 NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
-POOL_GRID = ((0.5, 64), (0.7, 64))  # (near_min, near_k) where the term pools the near queries' counts (near_pool)
 
 
 def bucket(key: str) -> float:
@@ -126,25 +125,21 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     served = sum(float(s.dcg().sum()) for s in judged) / answers
     none = sum(float(ips_dcg(s.base, s.lists).sum()) for s in judged) / answers
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
-                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "near_pool": False}, none, []
+                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
-    pool = bool(POOL_GRID)
-    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors, near_pool=pool) for t in tallies]
+    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
                for m in PSEUDO_GRID}
-    nears = [(near_min, near_k, False) for near_min, near_k in itertools.product(NEAR_GRID, NEAR_K_GRID)] + \
-        [(near_min, near_k, True) for near_min, near_k in POOL_GRID]
-    for m, (near_min, near_k, near_pool) in itertools.product(PSEUDO_GRID, nears):
-        terms = [s.terms(replace(memory, near_min=near_min, near_k=near_k, near_pool=near_pool))
-                 for memory, s in zip(counted[m], judged)]
+    for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
+        terms = [s.terms(replace(memory, near_min=near_min, near_k=near_k)) for memory, s in zip(counted[m], judged)]
         known = any(fq.any() for fq, _, _ in terms)  # no judged query remembered (split by query): w_q changes nothing
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
             if not (a or b or c) or (a and not known) or \
-                    (not c and (near_min, near_k, near_pool) != (NEAR_GRID[-1], NEAR_K_GRID[0], False)):
+                    (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
             value = sum(float(ips_dcg(s.base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
                         for s, (fq, fn, fd) in zip(judged, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
-                      "near_k": near_k, "near_pool": near_pool}
+                      "near_k": near_k}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
@@ -226,7 +221,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
                                                   "propensity": props.source},
-                               chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"], chosen["near_pool"])
+                               chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"])
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory) if lists["heldout"] else None
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}

@@ -169,39 +169,6 @@ def test_the_nearest_queries_term_averages_up_to_near_k_by_cosine(tmp_path):
     assert ClickMemory.load(tmp_path).near_k == 1
 
 
-def test_the_pooled_nearest_queries_term_sums_their_counts_before_the_log_ratio(tmp_path):
-    """near_pool: the near queries' clicks and examinations summed with their cosines as weights, then smoothed and
-    log-ratioed as f is (two near queries with one click each on x count more than either alone); the counts are kept
-    by build, survive a save and load, and a memory saved without them loads unpooled."""
-    from sieve.feedback.memory import Tallies
-
-    t = Tallies()
-    t.add(Shown("a", ["x", "y"], {"x"}), propensity.default(10))
-    t.add(Shown("b", ["x", "z"], {"x"}), propensity.default(10))
-    t.add(Shown("far", ["y"], {"y"}), propensity.default(10))
-    v = np.array([1.0, 0.0], np.float32)
-    vecs = {"a": np.array([0.99, 0.141], np.float32), "b": np.array([0.9, 0.436], np.float32),
-            "far": np.array([0.0, 1.0], np.float32)}
-    pooled = ClickMemory.build(t, 0.0, 0.0, 2.0, w_near=1.0, near_min=0.85, vectors=vecs, near_k=8, near_pool=True)
-    sa, sb = (float(vecs[k] @ v / np.linalg.norm(vecs[k])) for k in ("a", "b"))
-    got = pooled.nearest("new", v)
-    prior = pooled.prior
-    assert got["x"] == pytest.approx(log_ratio(sa + sb, sa + sb, prior, 2.0))  # clicked at rank 1 by both
-    assert got["y"] == pytest.approx(log_ratio(0.0, sa * 0.5, prior, 2.0))  # shown at rank 2 to a, not clicked
-    assert got["z"] == pytest.approx(log_ratio(0.0, sb * 0.5, prior, 2.0))
-    assert got["x"] > pooled.pairs["a"]["x"] > 0  # pooled evidence: more than one query's
-    averaged = ClickMemory.build(t, 0.0, 0.0, 2.0, w_near=1.0, near_min=0.85, vectors=vecs, near_k=8)
-    assert averaged.pair_counts == {} and averaged.nearest("new", v)["x"] == pytest.approx(pooled.pairs["a"]["x"])
-    np.testing.assert_allclose(pooled.boost("new", ["x", "y", "w"], v), [got["x"], got["y"], 0.0])
-    pooled.save(tmp_path)
-    again = ClickMemory.load(tmp_path)
-    assert again.near_pool and again.nearest("new", v) == pytest.approx(got)
-    raw = json.loads((tmp_path / "memory.json").read_text())
-    del raw["near_pool"], raw["pair_counts"]
-    (tmp_path / "memory.json").write_text(json.dumps(raw))
-    assert not ClickMemory.load(tmp_path).near_pool
-
-
 def test_ips_dcg_ranks_targets_as_a_stable_sort_does():
     """The learners' IPS-DCG against its definition (ranks from a stable descending sort): ties among scores, several
     targets in one list, padding (-inf), a list without targets."""
