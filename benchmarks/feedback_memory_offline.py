@@ -109,15 +109,23 @@ def main() -> None:
     ap.add_argument("--split", default="dev")
     ap.add_argument("--cache", type=Path, help="the evaluation queries' served lists (computed once)")
     ap.add_argument("--heldout", type=float, default=0.2)
+    ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
+    ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)
     load_before, began = os.getloadavg(), time.monotonic()
     lists = served_lists(args.index, data, args.cache)
+    from sieve.training import memory_learn
+    if args.near_grid:  # a what-if grid: learn_memory reads the module's grids when it runs
+        memory_learn.NEAR_GRID = tuple(float(x) for x in args.near_grid.split(","))
+    if args.near_k_grid:
+        memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
     memory, report = learned(args.index, {"heldout": args.heldout})
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
            "split": args.split, "queries": len(lists),
+           "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID},
            "default": round(float(np.mean(list(base["per_query"].values()))), 4),
            "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "chosen", "guard", "verdict", "grid")}}
     if memory is not None:

@@ -99,10 +99,11 @@ class Logs:
         return out
 
     def for_propensity(self) -> Iterable[tuple[int, int | None, list[int]]]:
-        """(results shown, swap, clicked 1-based ranks) of every /search answer, clicked or not."""
+        """(results shown, swap, clicked 1-based ranks) of every /search answer, clicked or not, but those that
+        explored (deeper candidates shown: the click rates per rank are not the served ranking's there)."""
         clicks = self.clicks()
         for rid, imp in self.impressions.items():
-            if imp.get("endpoint") != "/search":
+            if imp.get("endpoint") != "/search" or imp.get("explore"):
                 continue
             shown = imp["shown"]
             ranks = sorted({shown.index(e["doc_id"]) + 1 for e in clicks.get(rid, ())

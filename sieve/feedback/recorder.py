@@ -79,7 +79,7 @@ class ImpressionRecorder:
 
     # -- request path: a few dict operations, no I/O ---------------------------------------------------------
     def record(self, request_id: str, endpoint: str, query: str, shown: list[str], outcome=None,
-               swap: int | None = None) -> None:
+               swap: int | None = None, explore: list | None = None) -> None:
         with self.done:
             self.queued += 1
             self.seq_of[request_id] = self.queued
@@ -87,7 +87,7 @@ class ImpressionRecorder:
             while len(self.shown) > self.memory:
                 old, _ = self.shown.popitem(last=False)
                 self.seq_of.pop(old, None)
-        self.jobs.put((request_id, endpoint, query, list(shown), outcome, swap, time.time()))
+        self.jobs.put((request_id, endpoint, query, list(shown), outcome, swap, time.time(), explore))
 
     # -- POST /feedback ---------------------------------------------------------------------------------------
     def shown_ids(self, request_id: str) -> tuple[str, ...] | None:
@@ -137,10 +137,12 @@ class ImpressionRecorder:
             if stop:
                 return
 
-    def to_record(self, request_id, endpoint, query, shown, outcome, swap, t) -> dict:
+    def to_record(self, request_id, endpoint, query, shown, outcome, swap, t, explore=None) -> dict:
         normalised = " ".join(query.split())
         record = {"request_id": request_id, "t": round(t, 3), "endpoint": endpoint,
                   "query_key": query_key(normalised), "shown": shown, "swap": swap}
+        if explore:
+            record["explore"] = explore  # [[position, served rank], ...]: deeper candidates shown (feedback_service)
         if self.keep_text:
             record["query"] = query
         if outcome is not None:

@@ -1,10 +1,15 @@
 """The service's side of learning from users (sieve/feedback): every /search or /rerank answer gets a request id;
 with SIEVE_FEEDBACK_ENABLED what it showed is recorded (off the request path: recorder.py) and POST /feedback
 events against it are validated and stored durably (events.py). Optionally a small share of /search answers swap
-two adjacent top results (logged), from which `sieve feedback learn` estimates position bias."""
+two adjacent top results (logged), from which `sieve feedback learn` estimates position bias, and a small share
+explore: a few of the shown positions go to candidates drawn at random from deeper in the served ranking (logged),
+so that clicks can vouch for documents the ranking does not show yet (the click memory counts every shown document:
+training/memory_learn.py)."""
 from __future__ import annotations
 
 import random
+
+import numpy as np
 
 from sieve.feedback.events import FeedbackStore
 from sieve.feedback.recorder import ImpressionRecorder
@@ -21,15 +26,44 @@ class FeedbackService:
                                            settings.feedback_log_query_text, settings.feedback_memory)
         self.store = FeedbackStore(root, self.recorder, retention)
         self.swap_fraction, self.swap_depth = settings.feedback_swap_fraction, settings.feedback_swap_depth
+        self.explore_fraction = settings.feedback_explore_fraction
+        self.explore_depth, self.explore_slots = settings.feedback_explore_depth, settings.feedback_explore_slots
         self.rng = random.Random()
 
-    def on_search(self, request_id: str, query: str, response: schemas.SearchResponse, outcome=None):
-        """Record what the answer shows (after a randomised swap, if this answer gets one); returns the answer."""
-        swap = self.pick_swap(len(response.results))
-        if swap is not None:
-            response = swapped(response, swap)
-        self.recorder.record(request_id, "/search", query, [h.id for h in response.results], outcome, swap)
+    def pick_explore(self) -> bool:
+        """Whether this /search answer explores: drawn before the result cache is read (a cached answer has no
+        ranking below its top_k to draw from, so an exploring one is computed)."""
+        return bool(self.explore_fraction) and self.rng.random() < self.explore_fraction
+
+    def on_search(self, request_id: str, query: str, response: schemas.SearchResponse, outcome=None,
+                  explore: bool = False):
+        """Record what the answer shows (after exploration or a randomised swap, if this answer gets one; never
+        both); returns the answer."""
+        explored = self.explored(response, outcome) if explore and outcome is not None else None
+        swap = None
+        if explored is not None:
+            response, explored = explored
+        else:
+            swap = self.pick_swap(len(response.results))
+            if swap is not None:
+                response = swapped(response, swap)
+        self.recorder.record(request_id, "/search", query, [h.id for h in response.results], outcome, swap,
+                             explored)
         return response
+
+    def explored(self, response: schemas.SearchResponse, outcome) -> tuple[schemas.SearchResponse, list] | None:
+        """The answer with `explore_slots` positions (uniform among the shown ones) given to candidates drawn
+        uniformly from the served ranking's ranks below them, down to `explore_depth`, and [[position, served
+        rank], ...] (1-based) for the log; None when there is nothing deeper."""
+        cands, n = outcome.state.candidates, len(response.results)
+        deep = range(n, min(self.explore_depth, len(cands)))  # 0-based served ranks below the shown ones
+        k = min(self.explore_slots, n, len(deep))
+        if k < 1 or cands is None or (cands.ids is None and (cands.rows < 0).any()):
+            return None
+        positions = sorted(self.rng.sample(range(1, n + 1), k))
+        picks = self.rng.sample(deep, k)
+        extra = deeper_hits(cands.take(np.array(picks)), outcome.index, response.results[0].document is not None)
+        return inserted(response, positions, extra), [[p, r + 1] for p, r in zip(positions, picks)]
 
     def on_rerank(self, request_id: str, query: str, response: schemas.RerankResponse, items) -> None:
         shown = [items[r.index].id for r in response.results if items[r.index].id is not None]
@@ -42,6 +76,28 @@ class FeedbackService:
 
     def close(self) -> None:
         self.store.close()
+
+
+def deeper_hits(cands, index, with_documents: bool) -> list[schemas.SearchHit]:
+    ids = cands.ids if cands.ids is not None else index.ids(cands.rows)
+    docs = [schemas.DocumentOut.model_construct(id=d.id, title=d.title, text=d.text)
+            for d in index.documents(cands.rows)] if with_documents else [None] * len(cands)
+    columns = {k: [None if np.isnan(x) else float(x) for x in v] for k, v in cands.scores.items()}
+    return [schemas.SearchHit.model_construct(id=doc_id, rank=0, score=None, document=docs[i],
+                                              scores={k: c[i] for k, c in columns.items()})
+            for i, doc_id in enumerate(ids)]
+
+
+def inserted(response: schemas.SearchResponse, positions: list[int], extra: list) -> schemas.SearchResponse:
+    """`extra` shown at `positions` (1-based, ascending), the answer's own results in order in the other positions
+    (its last len(extra) no longer shown); rank and score stay with the position (score never increases)."""
+    first = positions[0]
+    own, extra, hits = iter(response.results[first - 1:]), iter(extra), list(response.results[:first - 1])
+    for position, slot in enumerate(response.results[first - 1:], first):  # the ones above stay as they were
+        hit = next(extra) if position in positions else next(own)
+        hits.append(schemas.SearchHit.model_construct(id=hit.id, rank=slot.rank, score=slot.score, scores=hit.scores,
+                                                      document=hit.document))
+    return response.model_copy(update={"results": hits})
 
 
 def swapped(response: schemas.SearchResponse, p: int) -> schemas.SearchResponse:

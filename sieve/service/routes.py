@@ -150,9 +150,10 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     # the index's identity read BEFORE the search keys both the look-up and the store: an answer computed while a
     # write was being acknowledged is stored under the identity from before it, which that write ended
     key = caches.results.key(key_params, searcher.index) if caches.results else None
-    if caches.results and not fresh:
-        hit = caches.results.get(key)
     request_id, feedback = uuid.uuid4().hex, request.app.state.feedback
+    explore = feedback.pick_explore() if feedback else False  # False at once unless SIEVE_FEEDBACK_EXPLORE_FRACTION
+    if caches.results and not fresh and not explore:
+        hit = caches.results.get(key)
     if hit:
         timings = {"total": (time.perf_counter() - started) * 1000}
         response = schemas.SearchResponse(**{**hit, "timings_ms": timings, "cached": True, "request_id": request_id})
@@ -165,7 +166,7 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
         caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached", "request_id"}))
     if feedback:  # impressions are written by a background thread (sieve/feedback/recorder.py)
-        response = feedback.on_search(request_id, body.query, response, outcome)
+        response = feedback.on_search(request_id, body.query, response, outcome, explore)
     return json_response(response)
 
 
