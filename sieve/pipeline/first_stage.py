@@ -34,7 +34,7 @@ def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K,
     """Reciprocal-rank fusion of ranked row lists (best first): sum of weight / (k + rank), rank from 1.
     Returns (rows, fused scores) best first; ties keep the order of first appearance (list 0 first).
     `size`: every row is below it (an index's rows): the sums go to an array of that size instead of through a sort
-    of all rows (the same result, the same float sums; about 30% less CPU for two lists of 512 over 5,183 rows)."""
+    of all rows (the same result, the same float sums; 126 -> 88 us for lists of 512 and 400 over 5,183 rows)."""
     every = np.concatenate([np.asarray(rows, dtype=np.int64) for rows in lists])  # (N,) all lists, list 0 first
     shares = np.concatenate([weight / (k + np.arange(1, len(rows) + 1, dtype=np.float64))
                              for rows, weight in zip(lists, weights)])  # (N,)
