@@ -21,6 +21,9 @@ from sieve.models.device import DeviceRuntime, own_stream, run_graphed
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 
+COUNTED_TOKENS = 4096  # count_tokens reads a text's first this many tokens' worth of characters (models/clip.py)
+
+
 @dataclass(frozen=True)
 class EncoderLengths:
     query_max_length: int = 64
@@ -68,7 +71,7 @@ class TextEncoder:
     def max_length(self) -> int:
         return self.lengths.doc_max_length
 
-    def count_tokens(self, text: str, at_most: int = 4096) -> int:
+    def count_tokens(self, text: str, at_most: int = COUNTED_TOKENS) -> int:
         """Tokens of `text`, counted over its first `at_most` tokens' worth of characters (models/clip.py). Every
         request counts its query before the batcher tokenizes it: the count runs on a private copy of the fast
         tokenizer's backend (no lock shared with the batch workers, no transformers wrapper per call)."""
@@ -88,12 +91,12 @@ class TextEncoder:
         Otherwise (a text over the limit or long enough to be clipped, a tokenizer without a Rust backend) the
         tokenizer's own call with its truncation, and each count as count_tokens makes it."""
         limit = max_length * CHARS_PER_TOKEN
-        if self.counter is None or any(len(t) > limit for t in texts):
+        if self.counter is None or max_length > COUNTED_TOKENS or any(len(t) > limit for t in texts):
             return self.tokenize(texts, max_length), [self.count_tokens(t) for t in texts]
         ids = [e.ids for e in self.counter.encode_batch(list(texts))]
         counts = [len(row) for row in ids]
-        if max(counts, default=0) > max_length:
-            return self.tokenize(texts, max_length), [self.count_tokens(t) for t in texts]
+        if max(counts, default=0) > max_length:  # short enough not to be clipped: these are count_tokens' counts
+            return self.tokenize(texts, max_length), counts
         width = max(counts, default=0)
         input_ids = np.full((len(ids), width), self.tokenizer.pad_token_id or 0, dtype=np.int64)  # (B, L)
         mask = np.zeros((len(ids), width), dtype=np.int64)  # (B, L)

@@ -39,14 +39,14 @@ def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K,
     shares = np.concatenate([weight / (k + np.arange(1, len(rows) + 1, dtype=np.float64))
                              for rows, weight in zip(lists, weights)])  # (N,)
     if size is not None and len(every) and 0 <= every.min() and every.max() < size:
-        return _fuse_dense(every, shares, size)
+        return _fuse_by_row(every, shares, size)
     rows, first, owner = np.unique(every, return_index=True, return_inverse=True)
     scores = np.bincount(owner.ravel(), weights=shares, minlength=len(rows))  # (U,) summed in list order
     order = np.lexsort((first, -scores))  # best first; ties in order of first appearance
     return rows[order], scores[order].astype(np.float32)
 
 
-def _fuse_dense(every: np.ndarray, shares: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _fuse_by_row(every: np.ndarray, shares: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     never = np.iinfo(np.int64).max
     scores, first = np.zeros(size, dtype=np.float64), np.full(size, never, dtype=np.int64)  # (size,) each
     np.add.at(scores, every, shares)  # in list order, as bincount sums

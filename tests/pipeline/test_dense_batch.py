@@ -5,7 +5,7 @@ wait of Searcher.awaited, tests/pipeline/test_encode_deadline.py), never holds i
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ from sieve.pipeline.batching import BatchConfig, in_order
 from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, DenseSearch, search_batch
 from sieve.pipeline.errors import EncoderTimeout
 from sieve.pipeline.searcher import Searcher, SearchParams
+from tests.pipeline.stalled import Stalled
 
 QUERIES = ["how do volcanoes erupt", "ocean tides and the moon", "history of the printing press",
            "photosynthesis in plants", "black holes", "the french revolution", "vaccines and immunity",
@@ -97,15 +98,6 @@ def test_a_failing_version_fails_only_its_own_requests(biencoder, demo):
     assert set(answered) == {1, 2}  # the batcher gives the error to item 0 only (pipeline/batching.py)
     for i in (1, 2):
         assert answered[i][1].tolist() == demo.search(items[i][1][None, :], items[i][2])[1][0].tolist()
-
-
-class Stalled:
-    def __init__(self):
-        self.futures: list[Future] = []
-
-    def submit(self, item) -> Future:
-        self.futures.append(Future())
-        return self.futures[-1]
 
 
 class StalledRunners:

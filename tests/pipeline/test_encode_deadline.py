@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 
 import pytest
 
 from sieve.pipeline.errors import EncoderTimeout
 from sieve.pipeline.searcher import ENCODE_GRACE_S, Searcher, SearchParams
-
-
-class Stalled:
-    """A query runner whose futures never complete (a stuck batcher); records what it was given."""
-
-    def __init__(self):
-        self.futures: list[Future] = []
-
-    def submit(self, item) -> Future:
-        self.futures.append(Future())
-        return self.futures[-1]
+from tests.pipeline.stalled import Stalled
 
 
 @pytest.fixture()
