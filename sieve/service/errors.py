@@ -14,6 +14,7 @@ from starlette.routing import Match
 from sieve.index import IndexDiskFullError, IndexMismatchError, UnknownDocumentError
 from sieve.index.errors import IndexUnavailableError
 from sieve.pipeline.errors import EncoderTimeout, RequestError
+from sieve.service.updates import WritePending
 
 log = logging.getLogger("sieve")
 
@@ -101,6 +102,14 @@ async def on_encoder_timeout(request: Request, exc: EncoderTimeout) -> JSONRespo
                       allowed="retry; the server could not encode the query in twice the request's timeout")
 
 
+async def on_write_pending(request: Request, exc: WritePending) -> JSONResponse:
+    """A write not applied within SIEVE_WRITE_TIMEOUT_S (or whose client hung up): not acknowledged, still queued."""
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_body(503, "write_pending", str(exc), headers={"Retry-After": "5"},
+                      allowed="send the same write again later (safe: an upsert replaces by id, a delete already "
+                              "applied answers 404); nothing was acknowledged")
+
+
 async def on_index_mismatch(request: Request, exc: IndexMismatchError) -> JSONResponse:
     """The index (a Qdrant collection rebuilt under a running server) was built by another model than the one served:
     the server cannot answer from it until one of them changes, which is not the client's doing."""
@@ -175,5 +184,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(IndexUnavailableError, on_index_unavailable)
     app.add_exception_handler(IndexMismatchError, on_index_mismatch)
     app.add_exception_handler(EncoderTimeout, on_encoder_timeout)
+    app.add_exception_handler(WritePending, on_write_pending)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -71,18 +71,20 @@ class QdrantUpdater:
         return {"index_version": self.index.version, "index_size": self.index.size, "upserted": upserted,
                 "deleted": deleted or []}
 
-    def upsert(self, docs: list[Document]) -> dict:
+    def upsert(self, docs: list[Document], timeout_s: float | None = None, cancelled=None) -> dict:
+        """Synchronous calls to Qdrant, bounded by the client's own timeout (SIEVE_WRITE_TIMEOUT_S is the local
+        writer's)."""
         vectors = self.vectors(docs)  # encoded before the lock: writes encode in parallel, write one by one
         with self.lock:  # a collection rebuilt by another model: IndexMismatchError, 503 index_mismatch
             self.index.upsert(docs, vectors)
             return self.result(upserted=len(docs))
 
-    def delete(self, doc_id: str) -> dict:
+    def delete(self, doc_id: str, timeout_s: float | None = None, cancelled=None) -> dict:
         with self.lock:
             self.index.delete([doc_id])  # UnknownDocumentError (404) when the id is not held
             return self.result(deleted=[doc_id])
 
-    def reload(self) -> dict:
+    def reload(self, timeout_s: float | None = None, cancelled=None) -> dict:
         """No index version to swap: every search reads Qdrant; re-read the metadata and size, and check for a newly
         published adapted CMC."""
         before = self.index.version

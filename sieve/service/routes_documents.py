@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from sieve.index import Document
 from sieve.pipeline.errors import RequestError
 from sieve.service import schemas
-from sieve.service.routes import ComponentsDep, ERRORS, Guarded, MetricsDep, SettingsDep, check_limit
+from sieve.service.routes import ComponentsDep, ERRORS, Guarded, MetricsDep, SettingsDep, check_limit, hang_up
 from sieve.service.updates import IndexUpdater
 
 router = APIRouter()
@@ -23,24 +23,31 @@ def get_updater(request: Request) -> IndexUpdater:
 UpdaterDep = Annotated[IndexUpdater, Depends(get_updater)]
 
 
+def waiting(request: Request, settings) -> tuple:
+    """How long a write request waits for its write (SIEVE_WRITE_TIMEOUT_S) and its client's hang-up event: past
+    either, 503 `write_pending` (service/updates.py WritePending)."""
+    return settings.write_timeout_s, hang_up(request)
+
+
 @router.post("/documents", response_model=schemas.WriteResponse, responses=WRITE_ERRORS, tags=["documents"],
              dependencies=Guarded)
-def add_documents(body: schemas.DocumentsRequest, updater: UpdaterDep, settings: SettingsDep, metrics: MetricsDep):
+def add_documents(body: schemas.DocumentsRequest, request: Request, updater: UpdaterDep, settings: SettingsDep,
+                  metrics: MetricsDep):
     """Add or replace documents. Acknowledged = durable on disk and visible to the next search."""
     check_limit(len(body.documents), settings.documents_max_batch, "documents", "SIEVE_DOCUMENTS_MAX_BATCH")
     ids = [d.id for d in body.documents]
     if len(set(ids)) != len(ids):
         raise RequestError("document ids repeat within the request", field="documents", allowed="unique ids")
-    result = updater.upsert([Document(d.id, d.title, d.text) for d in body.documents])
+    result = updater.upsert([Document(d.id, d.title, d.text) for d in body.documents], *waiting(request, settings))
     metrics.index_writes.labels(op="upsert").inc(len(ids))
     return schemas.WriteResponse(**result)
 
 
 @router.delete("/documents/{doc_id}", response_model=schemas.WriteResponse, responses=WRITE_ERRORS,
                tags=["documents"], dependencies=Guarded)
-def delete_document(doc_id: DocId, updater: UpdaterDep, metrics: MetricsDep):
+def delete_document(doc_id: DocId, request: Request, updater: UpdaterDep, settings: SettingsDep, metrics: MetricsDep):
     """Delete one document (404 when the id is not indexed)."""
-    result = updater.delete(doc_id)
+    result = updater.delete(doc_id, *waiting(request, settings))
     metrics.index_writes.labels(op="delete").inc()
     return schemas.WriteResponse(**result)
 
@@ -56,6 +63,6 @@ def get_document(doc_id: DocId, components: ComponentsDep):
 
 @router.post("/admin/index/reload", response_model=schemas.ReloadResponse, responses=WRITE_ERRORS, tags=["admin"],
              dependencies=Guarded)
-def reload_index(updater: UpdaterDep):
+def reload_index(request: Request, updater: UpdaterDep, settings: SettingsDep):
     """Serve the newest version on disk (e.g. after `sieve index add`); in-flight requests finish on the old one."""
-    return schemas.ReloadResponse(**updater.reload())
+    return schemas.ReloadResponse(**updater.reload(*waiting(request, settings)))

@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from sieve.index.layout import read_current, version_name
 
 log = logging.getLogger("sieve.updates")
 MAX_GROUP_DOCS = 10_000  # one group commit holds at most this many upserted documents
+POLL_S = 0.1  # how soon a waiting write request notices that its client hung up
 
 
 @dataclass(eq=False)  # identity, not value: writes are kept in sets
@@ -37,6 +38,12 @@ class Write:
     delete: str | None = None
     reload: bool = False
     future: Future = field(default_factory=Future)
+
+
+class WritePending(Exception):
+    """A write not applied within SIEVE_WRITE_TIMEOUT_S, or whose client hung up first (HTTP 503 `write_pending`):
+    nothing was acknowledged, and the write stays queued: the writer applies it unless the server stops first.
+    Sending it again is safe: an upsert replaces by id; a delete that already happened answers 404."""
 
 
 class Conflict(HTTPException):
@@ -70,18 +77,32 @@ class IndexUpdater:
             self.merger.start()
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def submit(self, write: Write) -> dict:
+    def submit(self, write: Write, timeout_s: float | None = None, cancelled: threading.Event | None = None) -> dict:
+        """The write's result once it is applied (durable and visible); WritePending after `timeout_s` or once
+        `cancelled` is set (the client hung up), the write left queued (its future is never cancelled: the writer
+        still applies it and sets its result)."""
         self.queue.put(write)
-        return write.future.result()
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            step = POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic()))
+            try:
+                return write.future.result(timeout=step)
+            except FutureTimeout:
+                if cancelled is not None and cancelled.is_set():
+                    raise WritePending("the client hung up before the write was applied; it stays queued") from None
+                if end is not None and time.monotonic() >= end:
+                    raise WritePending(f"the write was not applied within {timeout_s:g} s (SIEVE_WRITE_TIMEOUT_S); "
+                                       "it stays queued and is applied unless the server stops first") from None
 
-    def upsert(self, docs: list[Document]) -> dict:
-        return self.submit(Write(upserts=docs))
+    def upsert(self, docs: list[Document], timeout_s: float | None = None,
+               cancelled: threading.Event | None = None) -> dict:
+        return self.submit(Write(upserts=docs), timeout_s, cancelled)
 
-    def delete(self, doc_id: str) -> dict:
-        return self.submit(Write(delete=doc_id))
+    def delete(self, doc_id: str, timeout_s: float | None = None, cancelled: threading.Event | None = None) -> dict:
+        return self.submit(Write(delete=doc_id), timeout_s, cancelled)
 
-    def reload(self) -> dict:
-        return self.submit(Write(reload=True))
+    def reload(self, timeout_s: float | None = None, cancelled: threading.Event | None = None) -> dict:
+        return self.submit(Write(reload=True), timeout_s, cancelled)
 
     def close(self) -> None:
         self.queue.put(None)
