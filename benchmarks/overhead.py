@@ -222,8 +222,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
                                                                   "comma-separated ('default' = SIEVE_WORKERS unset; "
-                                                                  "'2p' = 2 workers with SIEVE_PIN_WORKERS, '1p' one)")
+                                                                  "'2p' = 2 workers with SIEVE_PIN_WORKERS, '1p' one, "
+                                                                  "'1i' one with SIEVE_PIN_INTERPRETER)")
     parser.add_argument("--pinned", action="store_true", help="zero_cost: also 1 and 2 workers with SIEVE_PIN_WORKERS")
+    parser.add_argument("--interpreter", action="store_true", help="zero_cost: also 1 worker with SIEVE_PIN_INTERPRETER")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
@@ -238,19 +240,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 def sides_of(section_name: str, args) -> list[Side]:
     base = [Side("main", args.baseline_tree.resolve(), 1 if section_name == "zero_cost" else None,
                  section_name == "zero_cost")] if args.baseline_tree else []
-    pin = {"SIEVE_PIN_WORKERS": "true"}
+    pin, interp = {"SIEVE_PIN_WORKERS": "true"}, {"SIEVE_PIN_INTERPRETER": "true"}
     if section_name == "zero_cost":
         pinned = [Side("this-1w-pinned", REPO, 1, True, pin), Side("this-2w-pinned", REPO, 2, True, pin)] \
             if args.pinned else []
-        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned]
+        interpreter = [Side("this-1w-interp", REPO, 1, True, interp)] if args.interpreter else []
+        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter]
     sides = []
     for count in args.real_workers.split(","):
         if count == "default":
             sides.append(Side("this-defaultw", REPO, None, False))
         else:
-            pinned = count.endswith("p")
-            n = int(count.rstrip("p"))
-            sides.append(Side(f"this-{n}w{'-pinned' if pinned else ''}", REPO, n, False, pin if pinned else {}))
+            kind = {"p": ("-pinned", pin), "i": ("-interp", interp)}.get(count[-1], ("", {}))
+            n = int(count.rstrip("pi"))
+            sides.append(Side(f"this-{n}w{kind[0]}", REPO, n, False, kind[1]))
     return [*sides, *base]
 
 

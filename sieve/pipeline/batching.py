@@ -39,7 +39,10 @@ class BatchConfig:
 
 
 class Batcher:
-    def __init__(self, name: str, compute: Compute, max_size: int, max_wait_ms: float, on_batch: OnBatch | None = None):
+    def __init__(self, name: str, compute: Compute, max_size: int, max_wait_ms: float, on_batch: OnBatch | None = None,
+                 on_start: Callable[[], None] | None = None):
+        """`on_start`: called once in the worker thread before its first batch (service/pinning.py forward_team)."""
+        self.on_start = on_start
         self.name = name
         self.compute = compute
         self.max_size = max_size
@@ -80,6 +83,8 @@ class Batcher:
         return batch
 
     def loop(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
         while True:
             first = self.queue.get()
             if first is None:
@@ -150,9 +155,13 @@ class Runners:
     def __init__(self, config: BatchConfig = BatchConfig()):
         self.config = config
         self.on_batch: OnBatch | None = None
+        # called once in each thread that computes items (batchers, the pool), before its first: set before the first
+        # request (the service: service/pinning.py forward_team)
+        self.on_thread_start: Callable[[], None] | None = None
         self.runners: dict[str, Batcher | Direct] = {}
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model")
+        self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model",
+                                       initializer=self.thread_started)
 
     def get(self, key: str, compute: Compute, max_wait_ms: float | None = None) -> Batcher | Direct:
         """`max_wait_ms`: this runner's wait for more items (None: the config's; 0: what queued meanwhile)."""
@@ -164,11 +173,15 @@ class Runners:
                     runner = self.runners[key] = self.make(key, compute, max_wait_ms)
         return runner
 
+    def thread_started(self) -> None:
+        if self.on_thread_start is not None:
+            self.on_thread_start()
+
     def make(self, key: str, compute: Compute, max_wait_ms: float | None = None) -> Batcher | Direct:
         hook = lambda name, n: self.on_batch and self.on_batch(name, n)  # noqa: E731 - read at call time
         if self.config.enabled:
             wait_ms = self.config.max_wait_ms if max_wait_ms is None else max_wait_ms
-            return Batcher(key, compute, self.config.max_size, wait_ms, hook)
+            return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started)
         return Direct(key, compute, self.pool, hook)
 
     def close(self) -> None:

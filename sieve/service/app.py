@@ -23,7 +23,7 @@ from sieve.service.fast_search import FastSearch, SieveAPI
 from sieve.service.feedback_service import FeedbackService
 from sieve.service.memory_serving import ServedMemory
 from sieve.service.metrics import Metrics
-from sieve.service.pinning import pin_worker
+from sieve.service.pinning import forward_team, pin_worker
 from sieve.service.protection import (Admission, Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
 from sieve.service.qdrant_service import QdrantUpdater
@@ -105,6 +105,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     state.caches.fingerprint = fingerprint(components, settings)
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
+    searcher.runners.on_thread_start = forward_team  # SIEVE_PIN_INTERPRETER: forwards on the whole share
     if searcher.remote_ce is not None:  # the "ce" stage on another server: its calls and breaker
         metrics.watch_remote_ce(searcher.remote_ce)
     state.auth = Authenticator(settings.keys())
@@ -194,7 +195,8 @@ def create_app(settings: Settings | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        pin_worker(settings.pin_workers, settings.workers or 1, workers.metrics_dir())  # before any model thread starts
+        pin_worker(settings.pin_workers, settings.workers or 1, workers.metrics_dir(),  # before any model thread starts
+                   interpreter=settings.pin_interpreter)
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
         workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)

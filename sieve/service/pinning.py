@@ -11,7 +11,13 @@ A single process is bound to its first CPU: its forwards then run on that core t
 started by the pinned threads and inherit their CPU): on one core it answered 1.04x the requests the unpinned
 process answered on two with the real models, at 25% less CPU per request, and 1.6x with zero-cost forwards
 (RESULTS.md). Off by default: a pinned worker
-cannot use a core another process of the host keeps busy, nor the idle core of another worker."""
+cannot use a core another process of the host keeps busy, nor the idle core of another worker.
+
+SIEVE_PIN_INTERPRETER binds only the interpreter's side: every thread of a worker on one CPU of its share (so the
+hand-offs between the event loop, request threads and batchers stay on one core), while torch's intra-op threads,
+which run the forwards without the interpreter lock, use the whole share (forward_team). On a 2-core Zen 3 host one
+such process spent 3.1-3.5 ms of CPU per /search with zero-cost forwards (7.2-8.7 unpinned) and answered 1.06x the
+requests of the unpinned default with the real models (RESULTS.md)."""
 from __future__ import annotations
 
 import fcntl
@@ -21,6 +27,7 @@ from pathlib import Path
 
 log = logging.getLogger("sieve")
 _held: list = []  # the slot lock of this process, open for its life
+_forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
 
 
 def share(cpus: list[int], slot: int, count: int) -> set[int]:
@@ -44,25 +51,56 @@ def claim_slot(folder: Path, count: int) -> int | None:
     return None
 
 
-def pin_worker(enabled: bool, count: int, folder: Path | None) -> set[int] | None:
+def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool = False) -> set[int] | None:
     """Bind every thread of this worker process (and the ones it starts later) to its slot's CPUs; a single process
-    to its first CPU. The CPUs, or None when not pinned (off, no slot free)."""
-    if not enabled or not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
+    to its first CPU. `interpreter` (SIEVE_PIN_INTERPRETER): the slot's share is every allowed CPU for a single
+    process, and the threads are bound to the share's first CPU only, while the threads that run model forwards
+    give their OpenMP teams the whole share (forward_team). The CPUs the threads are bound to, or None when not
+    pinned (off, no slot free)."""
+    global _forward_cpus
+    if not (enabled or interpreter) or not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if count == 1:
-        slot, cpus = 0, {allowed[0]}
+        slot, cpus = 0, set(allowed) if interpreter else {allowed[0]}
     else:
         slot = claim_slot(folder, count)
         if slot is None:
             log.warning("no free CPU slot among %d workers: this worker is not pinned", count)
             return None
         cpus = share(allowed, slot, count)
+    bound = {min(cpus)} if interpreter else cpus
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(int(tid), bound)
         except OSError:  # a thread that ended meanwhile
             pass
-    log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
-    return cpus
+    if interpreter:
+        _forward_cpus = cpus
+        log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
+                 min(cpus), sorted(cpus), slot, count)
+    else:
+        log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
+    return bound
+
+
+def forward_team() -> None:
+    """Called once by each thread that runs model forwards (the batchers: pipeline/batching.py `on_thread_start`),
+    before its first. With SIEVE_PIN_INTERPRETER it makes the thread's OpenMP team (torch's intra-op threads) now,
+    while the thread may run on the worker's whole share: the team's threads are created with that affinity and
+    keep it (libgomp keeps one team per calling thread; a new thread inherits its creator's CPUs), then the thread
+    itself goes back to the interpreter's CPU. So the interpreter's hand-offs stay on one core and the forwards
+    use them all. Otherwise nothing."""
+    cpus = _forward_cpus
+    if cpus is None or len(cpus) < 2:
+        return
+    import torch
+
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        if torch.get_num_threads() > 1:
+            torch.ones(1 << 20).mul_(2.0)  # one parallel region (1M elements: above ATen's grain size)
+    finally:
+        os.sched_setaffinity(0, own)
 

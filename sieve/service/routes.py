@@ -28,7 +28,8 @@ from sieve.service.protection import RateLimited, Unauthorized
 from sieve.service.responses import cohere_rerank_response, json_response, rerank_response, search_response, to_json
 
 router = APIRouter()
-ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429)}
+# 503: encoder_timeout (/search, /rerank), write_pending (writes), index_unavailable (Qdrant), models still loading
+ERRORS = {code: {"model": schemas.ErrorResponse} for code in (400, 401, 413, 422, 429, 503)}
 bearer = HTTPBearer(auto_error=False, description="API key, when the server has SIEVE_API_KEYS or SIEVE_API_KEYS_FILE")
 
 

@@ -1,0 +1,52 @@
+"""SIEVE_PIN_INTERPRETER: a worker's Python threads on one CPU, the forwards' OpenMP threads on every CPU of its
+share. Run in a child process: affinity is per thread and would outlive the test in pytest's own process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.server import REPO
+
+CHILD = r"""
+import json, os, threading
+import torch
+from sieve.pipeline.batching import Runners
+from sieve.service import pinning
+
+torch.set_num_threads(2)
+bound = pinning.pin_worker(False, 1, None, interpreter=True)
+runners = Runners()
+runners.on_thread_start = pinning.forward_team if os.environ.get("FORWARD_TEAM") else None
+batcher = runners.get("forward", lambda items: [float(torch.ones(1 << 20).mul_(3.0).sum()) for _ in items])
+assert batcher.submit(1).result(60) == 3.0 * (1 << 20)
+cpus = {int(tid): sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
+print(json.dumps({"bound": sorted(bound), "main": os.getpid(), "batcher": batcher.thread.native_id,
+                  "cpus": cpus}))
+"""
+
+
+def run_child(forward_team: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **({"FORWARD_TEAM": "1"} if forward_team else {})}
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["cpus"] = {int(tid): cpus for tid, cpus in got["cpus"].items()}
+    return got
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: there is no second core to keep apart")
+def test_interpreter_threads_on_one_cpu_forward_team_on_all():
+    allowed = sorted(os.sched_getaffinity(0))
+    got = run_child(forward_team=True)
+    first = [allowed[0]]
+    assert got["bound"] == first
+    assert got["cpus"][got["main"]] == first and got["cpus"][got["batcher"]] == first
+    team = [tid for tid, cpus in got["cpus"].items() if tid not in (got["main"], got["batcher"]) and cpus == allowed]
+    assert team, f"no OpenMP thread of the batcher may use every CPU: {got['cpus']}"
+    # without the batcher's start hook its OpenMP team inherits the interpreter's single CPU
+    plain = run_child(forward_team=False)
+    assert all(cpus == first for cpus in plain["cpus"].values()), plain["cpus"]
