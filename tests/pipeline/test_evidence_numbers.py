@@ -45,4 +45,5 @@ def test_features_are_numpys_formulas_bit_for_bit():
 def test_standardised_of_nothing_and_of_a_constant():
     assert standardised(np.empty(0)).shape == (0,)
     assert not standardised(np.full(4, 3.0)).any()
-    assert position_prior(3).tolist() == [0.0, -np.log(2), -np.log(3)]
+    # log1p(2) and log(3) may differ in the last bit, by host (numpy's SIMD log on an AVX2-only Zen 3 host did)
+    np.testing.assert_allclose(position_prior(3), [0.0, -np.log(2), -np.log(3)], rtol=1e-14, atol=0)
