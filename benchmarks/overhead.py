@@ -251,9 +251,9 @@ def sides_of(section_name: str, args) -> list[Side]:
         if count == "default":
             sides.append(Side("this-defaultw", REPO, None, False))
         else:
-            kind = {"p": ("-pinned", pin), "i": ("-interp", interp)}.get(count[-1], ("", {}))
+            suffix, env = {"p": ("-pinned", pin), "i": ("-interp", interp)}.get(count[-1], ("", {}))
             n = int(count.rstrip("pi"))
-            sides.append(Side(f"this-{n}w{kind[0]}", REPO, n, False, kind[1]))
+            sides.append(Side(f"this-{n}w{suffix}", REPO, n, False, env))
     return [*sides, *base]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
+from typing import Callable
 
 from sieve.pipeline.batching import Runners
 from sieve.pipeline.state import QueryState
@@ -14,18 +15,26 @@ log = logging.getLogger("sieve.pipeline")
 POLL_S = 0.1  # how soon a waiter notices that its client hung up
 
 
-def wait(future: Future, budget: float | None, state: QueryState):
-    """The stage's result, or None once the budget is spent or the client has gone; the future is then cancelled
-    (dropped before its forward pass unless its batch already started; a running batch drops it at its next chunk)."""
+def result_within(future: Future, budget: float | None, gone: Callable[[], bool]):
+    """The future's result, or None once `budget` seconds have passed (None: no limit) or `gone()` is true (looked
+    at every POLL_S); the future itself is left as it is."""
     end = None if budget is None else time.monotonic() + budget
     while True:
         step = POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic()))
         try:
             return future.result(timeout=step)
         except FutureTimeout:
-            if state.cancelled or (end is not None and time.monotonic() >= end):
-                future.cancel()
+            if gone() or (end is not None and time.monotonic() >= end):
                 return None
+
+
+def wait(future: Future, budget: float | None, state: QueryState):
+    """The stage's result, or None once the budget is spent or the client has gone; the future is then cancelled
+    (dropped before its forward pass unless its batch already started; a running batch drops it at its next chunk)."""
+    result = result_within(future, budget, lambda: state.cancelled)
+    if result is None:
+        future.cancel()  # no effect on a future that is done (a stage's own None result)
+    return result
 
 
 def skip(stage, state: QueryState) -> QueryState:

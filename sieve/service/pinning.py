@@ -16,8 +16,8 @@ cannot use a core another process of the host keeps busy, nor the idle core of a
 SIEVE_PIN_INTERPRETER binds only the interpreter's side: every thread of a worker on one CPU of its share (so the
 hand-offs between the event loop, request threads and batchers stay on one core), while torch's intra-op threads,
 which run the forwards without the interpreter lock, use the whole share (forward_team). On a 2-core Zen 3 host one
-such process spent 3.1-3.5 ms of CPU per /search with zero-cost forwards (7.2-8.7 unpinned) and answered 1.06x the
-requests of the unpinned default with the real models (RESULTS.md)."""
+such process spent 2.6-3.2 ms of CPU per /search with zero-cost forwards (7.5-7.9 unpinned) and answered 1.07x main's
+requests with the real models, where the unpinned default gave 0.91x in the same run (RESULTS.md)."""
 from __future__ import annotations
 
 import fcntl

@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +26,10 @@ from starlette.exceptions import HTTPException
 from sieve.index import Document, IndexMismatchError, UnknownDocumentError, apply_changes, merge_if_due
 from sieve.index.compaction import MergePolicy
 from sieve.index.layout import read_current, version_name
+from sieve.pipeline.runner import result_within
 
 log = logging.getLogger("sieve.updates")
 MAX_GROUP_DOCS = 10_000  # one group commit holds at most this many upserted documents
-POLL_S = 0.1  # how soon a waiting write request notices that its client hung up
 
 
 @dataclass(eq=False)  # identity, not value: writes are kept in sets
@@ -82,17 +82,14 @@ class IndexUpdater:
         `cancelled` is set (the client hung up), the write left queued (its future is never cancelled: the writer
         still applies it and sets its result)."""
         self.queue.put(write)
-        end = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            step = POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic()))
-            try:
-                return write.future.result(timeout=step)
-            except FutureTimeout:
-                if cancelled is not None and cancelled.is_set():
-                    raise WritePending("the client hung up before the write was applied; it stays queued") from None
-                if end is not None and time.monotonic() >= end:
-                    raise WritePending(f"the write was not applied within {timeout_s:g} s (SIEVE_WRITE_TIMEOUT_S); "
-                                       "it stays queued and is applied unless the server stops first") from None
+        gone = cancelled.is_set if cancelled is not None else (lambda: False)
+        result = result_within(write.future, timeout_s, gone)  # a write's result is a dict, never None
+        if result is not None:
+            return result
+        if gone():
+            raise WritePending("the client hung up before the write was applied; it stays queued")
+        raise WritePending(f"the write was not applied within {timeout_s:g} s (SIEVE_WRITE_TIMEOUT_S); it stays queued "
+                           "and is applied unless the server stops first")
 
     def upsert(self, docs: list[Document], timeout_s: float | None = None,
                cancelled: threading.Event | None = None) -> dict:
