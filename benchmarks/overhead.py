@@ -16,10 +16,12 @@ the answered requests. Servers run with SIEVE_LOG_LEVEL=warning (no access log l
 
     python benchmarks/overhead.py --baseline-tree ../serve-base   # a checkout of main beside this one
     python benchmarks/overhead.py --quick --out /tmp/overhead.json  # short blocks, one round
+    python benchmarks/overhead.py --hog 1 --interpreter ...  # a shared host: one more busy process throughout
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -154,6 +156,19 @@ def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: 
             "duration_s": round(seconds, 2), "load_avg_1m_start": round(load, 2)}
 
 
+@contextlib.contextmanager
+def hogs(count: int):
+    """`count` processes that each spin one thread for as long as the block runs: the other tenants of a shared
+    host, free to run on any CPU (the scheduler places them, as it would another service's threads)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clients: int) -> list[dict]:
     rows = []
     try:
@@ -226,6 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                                   "'1i' one with SIEVE_PIN_INTERPRETER)")
     parser.add_argument("--pinned", action="store_true", help="zero_cost: also 1 and 2 workers with SIEVE_PIN_WORKERS")
     parser.add_argument("--interpreter", action="store_true", help="zero_cost: also 1 worker with SIEVE_PIN_INTERPRETER")
+    parser.add_argument("--hog", type=int, default=0, help="busy processes (one spinning thread each, unpinned, "
+                        "nice 0) running through every section: another tenant of a shared host")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
@@ -273,7 +290,8 @@ def main(argv=None) -> None:
                                                    capture_output=True, text=True).stdout.strip()
     result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                                       text=True).stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp:
+    result["hog"] = args.hog
+    with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp, hogs(args.hog):
         tmp = Path(tmp)
         bodies = tmp / "bodies.jsonl"
         result["queries"] = query_bodies(bodies)
