@@ -8,6 +8,9 @@ stay up for the whole section:
   validation, tokenization, batchers, FAISS, BM25, fusion, features, metrics, the response): QPS and server CPU
   milliseconds per request at 1 and 2 worker processes, and today's main (`--baseline-tree`) at 1.
 - `real`: the default /search with the real models at 16 clients, this commit against `--baseline-tree`.
+- `replicas` (only when asked for): two single-worker zero-cost servers of this commit on one host, each with half
+  the clients at once, unpinned and with SIEVE_PIN_INTERPRETER: whether two servers side by side get in each
+  other's way.
 
 Load comes from wrk (Debian's `wrk`, benchmarks/overhead.lua: closed loop, one connection per client, SciFact's
 300 test queries in turn, `Cache-Control: no-cache`); its own CPU is read from its rusage. Server CPU is the user +
@@ -187,6 +190,54 @@ def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clie
     return rows
 
 
+def replica_section(index: Path, args, bodies: Path, logs: Path, clients: int) -> list[dict]:
+    """Two single-worker zero-cost servers of this tree side by side on one host (two replicas, or two services),
+    each driven by its own wrk with half the clients at the same time; unpinned, and with SIEVE_PIN_INTERPRETER
+    (where the two must not put their interpreters on one core: pinning.claim_cpu)."""
+    kinds = {"2x1w": {}, "2x1w-interp": {"SIEVE_PIN_INTERPRETER": "true"}}
+    pairs = {name: [Side(f"{name}-{i}", REPO, 1, True, env) for i in range(2)] for name, env in kinds.items()}
+    rows = []
+    try:
+        for pair in pairs.values():
+            for side in pair:
+                start(side, index, logs / f"{side.name}.log")
+        for r in range(args.rounds):
+            for name in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
+                row = {"round": r, **pair_block(name, pairs[name], clients, args.duration, args.warmup, bodies)}
+                rows.append(row)
+                print(f"{name:>16} c={clients} round {r}: {row['qps']:7.1f} QPS ({row['qps_each']}), server CPU "
+                      f"{row['server_cpu_ms_per_request']:.3f} ms/request, errors {row['errors']}", file=sys.stderr)
+    finally:
+        for pair in pairs.values():
+            for side in pair:
+                stop(side)
+    return rows
+
+
+def pair_block(name: str, pair: list[Side], clients: int, duration_s: float, warmup_s: float, bodies: Path) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    half = max(1, clients // len(pair))
+    with ThreadPoolExecutor(len(pair)) as pool:
+        list(pool.map(lambda side: wrk(side.url, half, warmup_s, bodies), pair))
+        load, cpu0 = os.getloadavg()[0], sum(tree_cpu_s(side.proc.pid) for side in pair)
+        got = list(pool.map(lambda side: wrk(side.url, half, duration_s, bodies), pair))
+    cpu = sum(tree_cpu_s(side.proc.pid) for side in pair) - cpu0
+    ok = [g["requests"] - g["non_2xx"] for g in got]
+    seconds = max(g["duration_us"] for g in got) / 1e6
+    qps_each = [round(n / (g["duration_us"] / 1e6), 1) for n, g in zip(ok, got)]
+    return {"side": name, "workers": 1, "zero_cost": True, "clients": clients, "qps": round(sum(qps_each), 1),
+            "qps_each": qps_each, "requests": sum(g["requests"] for g in got),
+            "errors": sum(g["requests"] - n + g["connect_errors"] + g["read_errors"] + g["write_errors"]
+                          + g["timeouts"] for n, g in zip(ok, got)),
+            "p50_ms": max(g["p50_us"] for g in got) / 1000, "p99_ms": max(g["p99_us"] for g in got) / 1000,
+            "server_cpu_ms_per_request": round(1000 * cpu / max(sum(ok), 1), 3),
+            "server_cores_used": round(cpu / seconds, 2),
+            "wrk_cpu_ms_per_request": round(1000 * sum(g["wrk_cpu_s"] for g in got)
+                                            / max(sum(g["requests"] for g in got), 1), 3),
+            "duration_s": round(seconds, 2), "load_avg_1m_start": round(load, 2)}
+
+
 def summary(rows: list[dict]) -> dict:
     out = {}
     for name in dict.fromkeys(r["side"] for r in rows):
@@ -233,7 +284,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", type=Path, help=f"a SciFact index (default {PREBUILT} if built, else built here)")
     parser.add_argument("--baseline-tree", type=Path, help="a checkout of main (its own code and index format)")
-    parser.add_argument("--sections", default="zero_cost,real", help="zero_cost, real, or both")
+    parser.add_argument("--sections", default="zero_cost,real", help="zero_cost, real, replicas "
+                        "(two single-worker zero-cost servers side by side), comma-separated")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
                                                                   "comma-separated ('default' = SIEVE_WORKERS unset; "
@@ -298,7 +350,10 @@ def main(argv=None) -> None:
         index = index_dir(args, tmp)
         result["index"] = str(index)
         for name in args.sections.split(","):
-            rows = section(sides_of(name, args), index, args, bodies, tmp, args.clients)
+            if name == "replicas":
+                rows = replica_section(index, args, bodies, tmp, args.clients)
+            else:
+                rows = section(sides_of(name, args), index, args, bodies, tmp, args.clients)
             result["sections"][name] = {"rows": rows, "summary": summary(rows)}
             print(table(rows))
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -322,6 +377,9 @@ def verdict(sections: dict) -> dict:
     if "main" in real:
         out["real_qps_ratio_vs_main"] = {side: round(s["qps_pooled"] / real["main"]["qps_pooled"], 2)
                                          for side, s in real.items() if side != "main"}
+    pair = sections.get("replicas", {}).get("summary", {})
+    if "2x1w" in pair and "2x1w-interp" in pair:
+        out["replicas_interp_qps_ratio"] = round(pair["2x1w-interp"]["qps_pooled"] / pair["2x1w"]["qps_pooled"], 2)
     return out
 
 

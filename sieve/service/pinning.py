@@ -17,7 +17,11 @@ SIEVE_PIN_INTERPRETER binds only the interpreter's side: every thread of a worke
 hand-offs between the event loop, request threads and batchers stay on one core), while torch's intra-op threads,
 which run the forwards without the interpreter lock, use the whole share (forward_team). On a 2-core Zen 3 host one
 such process spent 2.6-3.2 ms of CPU per /search with zero-cost forwards (7.5-7.9 unpinned) and answered 1.07x main's
-requests with the real models, where the unpinned default gave 0.91x in the same run (RESULTS.md)."""
+requests with the real models, where the unpinned default gave 0.91x in the same run (RESULTS.md). Each process
+takes the first CPU of its share that no other Sieve process of the host has taken for its interpreter (claim_cpu:
+a lock file per CPU in /dev/shm), so that two servers started side by side do not stack their interpreters on
+one core (two single-worker servers on a 2-core Intel host, both on CPU 0: 312 QPS together against 685 unpinned,
+RESULTS.md); processes that share no /dev/shm (containers) cannot see each other's claims."""
 from __future__ import annotations
 
 import fcntl
@@ -25,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
 _held: list = []  # the slot lock of this process, open for its life
 _forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
@@ -51,12 +56,32 @@ def claim_slot(folder: Path, count: int) -> int | None:
     return None
 
 
-def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool = False) -> set[int] | None:
+def claim_cpu(cpus: list[int], folder: Path | None) -> int:
+    """The first of `cpus` (sorted) whose interpreter no other process has claimed: an exclusive lock on
+    folder/sieve-interpreter-cpu-N.lock, held while this process lives; the first of them when every one is held
+    (or `folder` is None)."""
+    for cpu in cpus if folder is not None else []:
+        try:
+            handle = open(folder / f"sieve-interpreter-cpu-{cpu}.lock", "a")
+        except OSError:  # another user's lock file
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        _held.append(handle)
+        return cpu
+    return cpus[0]
+
+
+def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool = False,
+               claims: Path | None = CLAIMS) -> set[int] | None:
     """Bind every thread of this worker process (and the ones it starts later) to its slot's CPUs; a single process
     to its first CPU. `interpreter` (SIEVE_PIN_INTERPRETER): the slot's share is every allowed CPU for a single
-    process, and the threads are bound to the share's first CPU only, while the threads that run model forwards
-    give their OpenMP teams the whole share (forward_team). The CPUs the threads are bound to, or None when not
-    pinned (off, no slot free)."""
+    process, and the threads are bound to one CPU of the share only (the first one not claimed in `claims` by
+    another process: claim_cpu), while the threads that run model forwards give their OpenMP teams the whole share
+    (forward_team). The CPUs the threads are bound to, or None when not pinned (off, no slot free)."""
     global _forward_cpus
     if not (enabled or interpreter) or not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
         return None
@@ -69,7 +94,7 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
             log.warning("no free CPU slot among %d workers: this worker is not pinned", count)
             return None
         cpus = share(allowed, slot, count)
-    bound = {min(cpus)} if interpreter else cpus
+    bound = {claim_cpu(sorted(cpus), claims)} if interpreter else cpus
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), bound)
@@ -78,7 +103,7 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
     if interpreter:
         _forward_cpus = cpus
         log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
-                 min(cpus), sorted(cpus), slot, count)
+                 min(bound), sorted(cpus), slot, count)
     else:
         log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
     return bound

@@ -18,7 +18,8 @@ from sieve.pipeline.batching import Runners
 from sieve.service import pinning
 
 torch.set_num_threads(2)
-bound = pinning.pin_worker(False, 1, None, interpreter=True)
+from pathlib import Path
+bound = pinning.pin_worker(False, 1, None, interpreter=True, claims=Path(os.environ["CLAIMS"]))
 runners = Runners()
 runners.on_thread_start = pinning.forward_team if os.environ.get("FORWARD_TEAM") else None
 batcher = runners.get("forward", lambda items: [float(torch.ones(1 << 20).mul_(3.0).sum()) for _ in items])
@@ -29,8 +30,8 @@ print(json.dumps({"bound": sorted(bound), "main": os.getpid(), "batcher": batche
 """
 
 
-def run_child(forward_team: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **({"FORWARD_TEAM": "1"} if forward_team else {})}
+def run_child(forward_team: bool, claims) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLAIMS": str(claims), **({"FORWARD_TEAM": "1"} if forward_team else {})}
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -39,14 +40,33 @@ def run_child(forward_team: bool) -> dict:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: there is no second core to keep apart")
-def test_interpreter_threads_on_one_cpu_forward_team_on_all():
+def test_interpreter_threads_on_one_cpu_forward_team_on_all(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
-    got = run_child(forward_team=True)
+    got = run_child(forward_team=True, claims=tmp_path)
     first = [allowed[0]]
     assert got["bound"] == first
     assert got["cpus"][got["main"]] == first and got["cpus"][got["batcher"]] == first
     team = [tid for tid, cpus in got["cpus"].items() if tid not in (got["main"], got["batcher"]) and cpus == allowed]
     assert team, f"no OpenMP thread of the batcher may use every CPU: {got['cpus']}"
     # without the batcher's start hook its OpenMP team inherits the interpreter's single CPU
-    plain = run_child(forward_team=False)
+    plain = run_child(forward_team=False, claims=tmp_path)
     assert all(cpus == first for cpus in plain["cpus"].values()), plain["cpus"]
+
+
+def test_interpreters_of_two_processes_take_different_cpus(tmp_path):
+    """claim_cpu: the first CPU nobody holds (a lock per CPU, as another process's open file holds it), the first
+    of all when every one is held; a folder it cannot write leaves the choice to the first CPU."""
+    from sieve.service import pinning
+
+    held = open(tmp_path / "sieve-interpreter-cpu-3.lock", "a")  # another server's interpreter on CPU 3
+    import fcntl
+
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert pinning.claim_cpu([3, 5, 7], tmp_path) == 5
+        assert pinning.claim_cpu([3, 5, 7], tmp_path) == 7  # this process's own claim on 5 counts too
+        assert pinning.claim_cpu([3, 5, 7], tmp_path) == 3  # all held: the first, as without claims
+        assert pinning.claim_cpu([3, 5, 7], None) == 3
+        assert pinning.claim_cpu([4], tmp_path / "missing") == 4
+    finally:
+        held.close()
