@@ -20,8 +20,9 @@ such process spent 2.6-3.2 ms of CPU per /search with zero-cost forwards (7.5-7.
 requests with the real models, where the unpinned default gave 0.91x in the same run (RESULTS.md). Each process
 takes the first CPU of its share that no other Sieve process of the host has taken for its interpreter (claim_cpu:
 a lock file per CPU in /dev/shm), so that two servers started side by side do not stack their interpreters on
-one core (two single-worker servers on a 2-core Intel host, both on CPU 0: 312 QPS together against 685 unpinned,
-RESULTS.md); processes that share no /dev/shm (containers) cannot see each other's claims."""
+one core (two single-worker zero-cost servers on a 2-core Intel host: both on the first CPU 0.49x the unpinned pair's
+requests, each on its own 1.16x; RESULTS.md); processes that share no /dev/shm (containers) cannot see each other's
+claims."""
 from __future__ import annotations
 
 import fcntl
