@@ -43,37 +43,34 @@ def share(cpus: list[int], slot: int, count: int) -> set[int]:
     return set(cpus[slot * len(cpus) // count:(slot + 1) * len(cpus) // count])
 
 
+def hold(path: Path) -> bool:
+    """An exclusive lock on `path`, held while this process lives (False: another holder, or no such file can be
+    made here)."""
+    try:
+        handle = open(path, "a")
+    except OSError:  # another user's lock file, a folder that is gone
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _held.append(handle)
+    return True
+
+
 def claim_slot(folder: Path, count: int) -> int | None:
     """The first slot 0..count-1 no living process holds (None: all held), held until this process exits."""
-    for slot in range(count):
-        handle = open(folder / f"slot-{slot}.lock", "a")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            continue
-        _held.append(handle)
-        return slot
-    return None
+    return next((slot for slot in range(count) if hold(folder / f"slot-{slot}.lock")), None)
 
 
 def claim_cpu(cpus: list[int], folder: Path | None) -> int:
     """The first of `cpus` (sorted) whose interpreter no other process has claimed: an exclusive lock on
     folder/sieve-interpreter-cpu-N.lock, held while this process lives; the first of them when every one is held
     (or `folder` is None)."""
-    for cpu in cpus if folder is not None else []:
-        try:
-            handle = open(folder / f"sieve-interpreter-cpu-{cpu}.lock", "a")
-        except OSError:  # another user's lock file
-            continue
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            continue
-        _held.append(handle)
-        return cpu
-    return cpus[0]
+    if folder is None:
+        return cpus[0]
+    return next((cpu for cpu in cpus if hold(folder / f"sieve-interpreter-cpu-{cpu}.lock")), cpus[0])
 
 
 def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool = False,
