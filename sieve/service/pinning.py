@@ -32,7 +32,7 @@ from pathlib import Path
 
 CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
-_held: list = []  # the slot lock of this process, open for its life
+_held: list = []  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
 _forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
 
 
