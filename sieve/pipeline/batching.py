@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 log = logging.getLogger("sieve.batching")
 
+CLOSE_JOIN_S = 5.0  # Runners.close: the longest it waits for the batch threads to end
 # items of many requests -> one result per item, in order; or (item index, result) pairs as items finish
 Compute = Callable[[Sequence[Any]], Sequence[Any] | Iterator[tuple[int, Any]]]
 OnBatch = Callable[[str, int], None]  # (model name, batch size) after each forward pass
@@ -66,6 +67,11 @@ class Batcher:
     def close(self) -> None:
         self.closed = True
         self.queue.put(None)
+
+    def join(self, timeout_s: float) -> None:
+        """Until the worker thread has ended (after close), at most `timeout_s`."""
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout_s)
 
     def collect(self, first) -> list:
         batch = [first]
@@ -184,7 +190,15 @@ class Runners:
             return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started)
         return Direct(key, compute, self.pool, hook)
 
-    def close(self) -> None:
+    def close(self, join_s: float = CLOSE_JOIN_S) -> None:
+        """Stop every runner and wait (at most `join_s` in all) for the batch threads to end: a thread still ending
+        while the interpreter shuts down frees its last tensors there, and torch's deallocator, releasing the
+        interpreter lock at that moment, aborts the process ("terminate called without an active exception": seen
+        once in 20 runs of `sieve feedback import`)."""
         for runner in self.runners.values():
             runner.close()
+        deadline = time.monotonic() + join_s
+        for runner in self.runners.values():
+            if isinstance(runner, Batcher):
+                runner.join(max(0.0, deadline - time.monotonic()))
         self.pool.shutdown(wait=False, cancel_futures=True)

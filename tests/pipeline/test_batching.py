@@ -169,3 +169,27 @@ def test_concurrent_search_equals_sequential(biencoder, demo, enabled):
         assert max(n for _, n in batch_sizes) > 1, batch_sizes  # 8 threads at once: some batch holds several
     else:
         assert {n for _, n in batch_sizes} == {1}
+
+
+def test_closing_the_runners_waits_for_their_threads_to_end():
+    """Runners.close returns once every batch thread has ended (so none is still freeing its tensors while the
+    interpreter shuts down, which aborted `sieve feedback import` once in 20 runs), and never waits past join_s."""
+    from sieve.pipeline.batching import Runners
+
+    runners = Runners(BatchConfig())
+    fast = runners.get("fast", lambda items: [torch.ones(4) * i for i in items])
+    assert float(fast.submit(2).result(10).sum()) == 8.0
+    runners.close()
+    assert not fast.thread.is_alive()
+
+    stuck = Runners(BatchConfig())
+    release = threading.Event()
+    slow = stuck.get("slow", lambda items: [release.wait(30) for _ in items])
+    future = slow.submit(1)
+    started = time.monotonic()
+    stuck.close(join_s=0.2)  # its thread is inside a compute: close gives up on it after join_s
+    assert time.monotonic() - started < 5 and slow.thread.is_alive()
+    release.set()
+    assert future.result(10) is True
+    slow.thread.join(10)
+    assert not slow.thread.is_alive()
