@@ -147,22 +147,31 @@ def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: 
     load, cpu0 = os.getloadavg()[0], tree_cpu_s(side.proc.pid)
     got = wrk(side.url, clients, duration_s, bodies)
     cpu = tree_cpu_s(side.proc.pid) - cpu0
-    ok = got["requests"] - got["non_2xx"]
-    seconds = got["duration_us"] / 1e6
     return {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
-            "qps": round(ok / seconds, 1), "requests": got["requests"], "errors": got["requests"] - ok
-            + got["connect_errors"] + got["read_errors"] + got["write_errors"] + got["timeouts"],
-            "p50_ms": got["p50_us"] / 1000, "p99_ms": got["p99_us"] / 1000,
-            "server_cpu_ms_per_request": round(1000 * cpu / max(ok, 1), 3),
+            **measured([got], cpu, load)}
+
+
+def measured(runs: list[dict], cpu: float, load: float) -> dict:
+    """A block's figures from the wrk runs that loaded it at the same time (one per server) and the CPU seconds of
+    those servers over the window: QPS summed, latency percentiles the worst run's."""
+    ok = [g["requests"] - g["non_2xx"] for g in runs]
+    seconds = max(g["duration_us"] for g in runs) / 1e6
+    qps_each = [round(n / (g["duration_us"] / 1e6), 1) for n, g in zip(ok, runs)]
+    requests = sum(g["requests"] for g in runs)
+    return {"qps": round(sum(qps_each), 1), **({"qps_each": qps_each} if len(runs) > 1 else {}),
+            "requests": requests, "errors": sum(g["requests"] - n + g["connect_errors"] + g["read_errors"]
+                                                + g["write_errors"] + g["timeouts"] for n, g in zip(ok, runs)),
+            "p50_ms": max(g["p50_us"] for g in runs) / 1000, "p99_ms": max(g["p99_us"] for g in runs) / 1000,
+            "server_cpu_ms_per_request": round(1000 * cpu / max(sum(ok), 1), 3),
             "server_cores_used": round(cpu / seconds, 2),
-            "wrk_cpu_ms_per_request": round(1000 * got["wrk_cpu_s"] / max(got["requests"], 1), 3),
+            "wrk_cpu_ms_per_request": round(1000 * sum(g["wrk_cpu_s"] for g in runs) / max(requests, 1), 3),
             "duration_s": round(seconds, 2), "load_avg_1m_start": round(load, 2)}
 
 
 @contextlib.contextmanager
 def hogs(count: int):
-    """`count` processes that each spin one thread for as long as the block runs: the other tenants of a shared
-    host, free to run on any CPU (the scheduler places them, as it would another service's threads)."""
+    """`count` processes that each spin one thread through every section: the other tenants of a shared host, free
+    to run on any CPU (the scheduler places them, as it would another service's threads)."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
         yield
@@ -223,19 +232,7 @@ def pair_block(name: str, pair: list[Side], clients: int, duration_s: float, war
         load, cpu0 = os.getloadavg()[0], sum(tree_cpu_s(side.proc.pid) for side in pair)
         got = list(pool.map(lambda side: wrk(side.url, half, duration_s, bodies), pair))
     cpu = sum(tree_cpu_s(side.proc.pid) for side in pair) - cpu0
-    ok = [g["requests"] - g["non_2xx"] for g in got]
-    seconds = max(g["duration_us"] for g in got) / 1e6
-    qps_each = [round(n / (g["duration_us"] / 1e6), 1) for n, g in zip(ok, got)]
-    return {"side": name, "workers": 1, "zero_cost": True, "clients": clients, "qps": round(sum(qps_each), 1),
-            "qps_each": qps_each, "requests": sum(g["requests"] for g in got),
-            "errors": sum(g["requests"] - n + g["connect_errors"] + g["read_errors"] + g["write_errors"]
-                          + g["timeouts"] for n, g in zip(ok, got)),
-            "p50_ms": max(g["p50_us"] for g in got) / 1000, "p99_ms": max(g["p99_us"] for g in got) / 1000,
-            "server_cpu_ms_per_request": round(1000 * cpu / max(sum(ok), 1), 3),
-            "server_cores_used": round(cpu / seconds, 2),
-            "wrk_cpu_ms_per_request": round(1000 * sum(g["wrk_cpu_s"] for g in got)
-                                            / max(sum(g["requests"] for g in got), 1), 3),
-            "duration_s": round(seconds, 2), "load_avg_1m_start": round(load, 2)}
+    return {"side": name, "workers": 1, "zero_cost": True, "clients": clients, **measured(got, cpu, load)}
 
 
 def summary(rows: list[dict]) -> dict:
