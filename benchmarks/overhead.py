@@ -6,7 +6,9 @@ stay up for the whole section:
 - `zero_cost`: servers whose model forwards are zero-cost stand-ins (benchmarks/zero_cost.py: installed in the
   benchmark's server processes, not in the product), so what is left is everything else a /search does (HTTP,
   validation, tokenization, batchers, FAISS, BM25, fusion, features, metrics, the response): QPS and server CPU
-  milliseconds per request at 1 and 2 worker processes, and today's main (`--baseline-tree`) at 1.
+  milliseconds per request at 1 and 2 worker processes (each with the default SIEVE_PIN_INTERPRETER, automatic:
+  a single worker on 2-4 CPUs pins its interpreter; `--unpinned` adds both with it off, and 2 with it on), and
+  today's main (`--baseline-tree`) at 1.
 - `real`: the default /search with the real models at 16 clients, this commit against `--baseline-tree`.
 - `replicas` (only when asked for): two single-worker zero-cost servers of this commit on one host, each with half
   the clients at once, unpinned and with SIEVE_PIN_INTERPRETER: whether two servers side by side get in each
@@ -20,6 +22,7 @@ the answered requests. Servers run with SIEVE_LOG_LEVEL=warning (no access log l
     python benchmarks/overhead.py --baseline-tree ../serve-base   # a checkout of main beside this one
     python benchmarks/overhead.py --quick --out /tmp/overhead.json  # short blocks, one round
     python benchmarks/overhead.py --hog 1 --interpreter ...  # a shared host: one more busy process throughout
+    python benchmarks/overhead.py --hog 1 --hog-cpu 0 ...  # ... spinning on the CPU a pinned interpreter takes
 """
 from __future__ import annotations
 
@@ -169,10 +172,11 @@ def measured(runs: list[dict], cpu: float, load: float) -> dict:
 
 
 @contextlib.contextmanager
-def hogs(count: int):
+def hogs(count: int, cpu: int | None = None):
     """`count` processes that each spin one thread through every section: the other tenants of a shared host, free
-    to run on any CPU (the scheduler places them, as it would another service's threads)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    to run on any CPU (the scheduler places them, as it would another service's threads), or all on `cpu`."""
+    bind = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=bind) for _ in range(count)]
     try:
         yield
     finally:
@@ -186,6 +190,7 @@ def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clie
     try:
         for side in sides:
             start(side, index, logs / f"{side.name}.log")
+        time.sleep(args.settle)  # the start-ups of the later servers are over: pinned interpreters' watches settle
         for r in range(args.rounds):
             for side in (sides if r % 2 == 0 else sides[::-1]):
                 row = {"round": r, **block(side, clients, args.duration, args.warmup, bodies)}
@@ -203,13 +208,14 @@ def replica_section(index: Path, args, bodies: Path, logs: Path, clients: int) -
     """Two single-worker zero-cost servers of this tree side by side on one host (two replicas, or two services),
     each driven by its own wrk with half the clients at the same time; unpinned, and with SIEVE_PIN_INTERPRETER
     (where the two must not put their interpreters on one core: pinning.claim_cpu)."""
-    kinds = {"2x1w": {}, "2x1w-interp": {"SIEVE_PIN_INTERPRETER": "true"}}
+    kinds = {"2x1w": {"SIEVE_PIN_INTERPRETER": "false"}, "2x1w-interp": {"SIEVE_PIN_INTERPRETER": "true"}}
     pairs = {name: [Side(f"{name}-{i}", REPO, 1, True, env) for i in range(2)] for name, env in kinds.items()}
     rows = []
     try:
         for pair in pairs.values():
             for side in pair:
                 start(side, index, logs / f"{side.name}.log")
+        time.sleep(args.settle)
         for r in range(args.rounds):
             for name in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
                 row = {"round": r, **pair_block(name, pairs[name], clients, args.duration, args.warmup, bodies)}
@@ -287,16 +293,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--real-workers", default="default", help="worker counts of this commit's real-model side, "
                                                                   "comma-separated ('default' = SIEVE_WORKERS unset; "
                                                                   "'2p' = 2 workers with SIEVE_PIN_WORKERS, '1p' one, "
-                                                                  "'1i' one with SIEVE_PIN_INTERPRETER)")
+                                                                  "'1i' one with SIEVE_PIN_INTERPRETER, "
+                                                                  "'1u' one with it false)")
     parser.add_argument("--pinned", action="store_true", help="zero_cost: also 1 and 2 workers with SIEVE_PIN_WORKERS")
     parser.add_argument("--interpreter", action="store_true", help="zero_cost: also 1 worker with SIEVE_PIN_INTERPRETER")
     parser.add_argument("--hog", type=int, default=0, help="busy processes (one spinning thread each, unpinned, "
                         "nice 0) running through every section: another tenant of a shared host")
+    parser.add_argument("--hog-cpu", type=int, help="bind the busy processes to this CPU (the first CPU is where a "
+                        "single server pins its interpreter)")
+    parser.add_argument("--no-watch", action="store_true", help="zero_cost: also 1 worker pinned as the default "
+                        "pins it, but without the watch that moves it off a busy CPU (with --hog-cpu 0)")
+    parser.add_argument("--unpinned", action="store_true", help="zero_cost: also 1 and 2 workers with "
+                        "SIEVE_PIN_INTERPRETER=false (the default before it was automatic), and 2 with it true")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds between the last server's start and the "
+                        "first block: a pinned interpreter that the other servers' start-ups made its watch unpin is "
+                        "pinned again 5 s later (service/core_watch.py)")
     parser.add_argument("--quick", action="store_true", help="5 s blocks, 1 round")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "overhead.json")
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs in this folder (default: deleted)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.rounds = 5.0, 1.0, 1
@@ -311,14 +328,20 @@ def sides_of(section_name: str, args) -> list[Side]:
         pinned = [Side("this-1w-pinned", REPO, 1, True, pin), Side("this-2w-pinned", REPO, 2, True, pin)] \
             if args.pinned else []
         interpreter = [Side("this-1w-interp", REPO, 1, True, interp)] if args.interpreter else []
-        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter]
+        off = {"SIEVE_PIN_INTERPRETER": "false"}
+        unpinned = [Side("this-1w-unpinned", REPO, 1, True, off), Side("this-2w-unpinned", REPO, 2, True, off),
+                    Side("this-2w-interp", REPO, 2, True, interp)] if args.unpinned else []
+        watchless = [Side("this-1w-nowatch", REPO, 1, True, {"SIEVE_BENCH_NO_WATCH": "1"})] if args.no_watch else []
+        return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter,
+                *unpinned, *watchless]
     sides = []
     for count in args.real_workers.split(","):
         if count == "default":
             sides.append(Side("this-defaultw", REPO, None, False))
         else:
-            suffix, env = {"p": ("-pinned", pin), "i": ("-interp", interp)}.get(count[-1], ("", {}))
-            n = int(count.rstrip("pi"))
+            suffix, env = {"p": ("-pinned", pin), "i": ("-interp", interp),
+                           "u": ("-unpinned", {"SIEVE_PIN_INTERPRETER": "false"})}.get(count[-1], ("", {}))
+            n = int(count.rstrip("piu"))
             sides.append(Side(f"this-{n}w{suffix}", REPO, n, False, env))
     return [*sides, *base]
 
@@ -339,18 +362,20 @@ def main(argv=None) -> None:
                                                    capture_output=True, text=True).stdout.strip()
     result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                                       text=True).stdout.strip()
-    result["hog"] = args.hog
-    with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp, hogs(args.hog):
+    result["hog"], result["hog_cpu"] = args.hog, args.hog_cpu
+    with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp, hogs(args.hog, args.hog_cpu):
         tmp = Path(tmp)
         bodies = tmp / "bodies.jsonl"
+        logs = args.logs or tmp
+        logs.mkdir(parents=True, exist_ok=True)
         result["queries"] = query_bodies(bodies)
         index = index_dir(args, tmp)
         result["index"] = str(index)
         for name in args.sections.split(","):
             if name == "replicas":
-                rows = replica_section(index, args, bodies, tmp, args.clients)
+                rows = replica_section(index, args, bodies, logs, args.clients)
             else:
-                rows = section(sides_of(name, args), index, args, bodies, tmp, args.clients)
+                rows = section(sides_of(name, args), index, args, bodies, logs, args.clients)
             result["sections"][name] = {"rows": rows, "summary": summary(rows)}
             print(table(rows))
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -367,6 +392,10 @@ def verdict(sections: dict) -> dict:
         out["zero_cost_server_cpu_ms_median"] = {side: s["server_cpu_ms_median"] for side, s in zero.items()}
     if "this-1w" in zero and "this-2w" in zero:
         out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
+    for one, two in (("this-1w-unpinned", "this-2w-unpinned"), ("this-1w", "this-2w-interp"),
+                     ("this-1w-unpinned", "this-1w")):
+        if one in zero and two in zero:
+            out[f"qps_ratio {two} / {one}"] = round(zero[two]["qps_pooled"] / zero[one]["qps_pooled"], 2)
     if "this-1w" in zero and "this-2w-pinned" in zero:
         out["two_pinned_workers_qps_ratio"] = round(zero["this-2w-pinned"]["qps_pooled"]
                                                     / zero["this-1w"]["qps_pooled"], 2)

@@ -15,6 +15,9 @@ from tests.ci_guard import (pytest_collection_modifyitems, pytest_configure, pyt
 # The suite compares served scores with fp32 references at 1e-4, so servers and Settings() here run fp32; the
 # lower-precision path (SIEVE_PRECISION=auto, the service's default) is tested where a test asks for it.
 os.environ.setdefault("SIEVE_PRECISION", "fp32")
+# Apps created in pytest's own process would pin its threads (and every server it starts inherits its CPUs): the
+# servers here run unpinned; tests/service/test_pin_interpreter.py and test_core_watch.py test the automatic default.
+os.environ.setdefault("SIEVE_PIN_INTERPRETER", "false")
 registry.load_plugins()  # the research stages, as an installed server has them
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from sieve.service.fast_search import FastSearch, SieveAPI
 from sieve.service.feedback_service import FeedbackService
 from sieve.service.memory_serving import ServedMemory
 from sieve.service.metrics import Metrics
-from sieve.service.pinning import forward_team, pin_worker
+from sieve.service.pinning import forward_team, pin_worker, watch_interpreter
 from sieve.service.protection import (Admission, Authenticator, BodyLimit, HeaderLimit, InflightLimit, RateLimiter,
                                       scrub_access_log)
 from sieve.service.qdrant_service import QdrantUpdater
@@ -197,6 +197,7 @@ def create_app(settings: Settings | None = None,
     async def lifespan(app: FastAPI):
         pin_worker(settings.pin_workers, settings.workers or 1, workers.metrics_dir(),  # before any model thread starts
                    interpreter=settings.pin_interpreter)
+        watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
         workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)
@@ -206,6 +207,8 @@ def create_app(settings: Settings | None = None,
         if app.state.feedback is not None:
             app.state.feedback.close()
         app.state.components.close()
+        if watch is not None:
+            watch.stop()
 
     # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
     # match exactly (POST /search/ is a JSON 404 naming /search, not a 307 with an empty body)

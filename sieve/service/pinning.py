@@ -22,7 +22,9 @@ takes the first CPU of its share that no other Sieve process of the host has tak
 a lock file per CPU in /dev/shm), so that two servers started side by side do not stack their interpreters on
 one core (two single-worker zero-cost servers on a 2-core Intel host: both on the first CPU 0.49x the unpinned pair's
 requests, each on its own 1.16x; RESULTS.md); processes that share no /dev/shm (containers) cannot see each other's
-claims."""
+claims. A watch on the interpreter's CPU (core_watch.py, watch_interpreter) moves it when other processes keep that
+CPU busy, which made it safe as the default: SIEVE_PIN_INTERPRETER unset or `auto` pins a worker whose share has 2 to
+AUTO_MAX_CPUS CPUs (Zen 4, 2 cores: 1.86x main's zero-cost requests, 1.07x with the real models; RESULTS.md)."""
 from __future__ import annotations
 
 import fcntl
@@ -32,8 +34,11 @@ from pathlib import Path
 
 CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
-_held: list = []  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
+AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured there)
+_held: dict[Path, object] = {}  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
 _forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
+_interpreter: tuple[int, list[int], Path | None] | None = None  # (its CPU, the share, where CPUs are claimed)
+_watch = None  # the CoreWatch on the interpreter's CPU (watch_interpreter)
 
 
 def share(cpus: list[int], slot: int, count: int) -> set[int]:
@@ -55,8 +60,15 @@ def hold(path: Path) -> bool:
     except OSError:
         handle.close()
         return False
-    _held.append(handle)
+    _held[path] = handle
     return True
+
+
+def release(path: Path) -> None:
+    """Give back a lock `hold` took (nothing when this process does not hold it)."""
+    handle = _held.pop(path, None)
+    if handle is not None:
+        handle.close()
 
 
 def claim_slot(folder: Path, count: int) -> int | None:
@@ -70,20 +82,34 @@ def claim_cpu(cpus: list[int], folder: Path | None) -> int:
     (or `folder` is None)."""
     if folder is None:
         return cpus[0]
-    return next((cpu for cpu in cpus if hold(folder / f"sieve-interpreter-cpu-{cpu}.lock")), cpus[0])
+    return next((cpu for cpu in cpus if hold(cpu_lock(folder, cpu))), cpus[0])
 
 
-def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool = False,
+def cpu_lock(folder: Path, cpu: int) -> Path:
+    return folder / f"sieve-interpreter-cpu-{cpu}.lock"
+
+
+def auto_interpreter(share_cpus: int) -> bool:
+    """SIEVE_PIN_INTERPRETER=auto: pin a worker's interpreter when its share has 2 to AUTO_MAX_CPUS CPUs."""
+    return 2 <= share_cpus <= AUTO_MAX_CPUS
+
+
+def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool | None = False,
                claims: Path | None = CLAIMS) -> set[int] | None:
     """Bind every thread of this worker process (and the ones it starts later) to its slot's CPUs; a single process
     to its first CPU. `interpreter` (SIEVE_PIN_INTERPRETER): the slot's share is every allowed CPU for a single
     process, and the threads are bound to one CPU of the share only (the first one not claimed in `claims` by
     another process: claim_cpu), while the threads that run model forwards give their OpenMP teams the whole share
-    (forward_team). The CPUs the threads are bound to, or None when not pinned (off, no slot free)."""
-    global _forward_cpus
-    if not (enabled or interpreter) or not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
+    (forward_team). `interpreter` None (auto): so when the share has 2 to AUTO_MAX_CPUS CPUs. The CPUs the threads
+    are bound to, or None when not pinned (off, no slot free)."""
+    global _forward_cpus, _interpreter
+    if not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
         return None
     allowed = sorted(os.sched_getaffinity(0))
+    if interpreter is None:
+        interpreter = auto_interpreter(len(allowed) if count == 1 else len(share(allowed, 0, count)))
+    if not (enabled or interpreter):
+        return None
     if count == 1:
         slot, cpus = 0, set(allowed) if interpreter else {allowed[0]}
     else:
@@ -100,11 +126,40 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
             pass
     if interpreter:
         _forward_cpus = cpus
+        _interpreter = (min(bound), sorted(cpus), claims)
         log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
                  min(bound), sorted(cpus), slot, count)
     else:
         log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
     return bound
+
+
+def watch_interpreter():
+    """A CoreWatch (service/core_watch.py) on the interpreter's CPU, started, when pin_worker pinned it to one CPU of
+    a share of several; else None."""
+    if _interpreter is None or len(_interpreter[1]) < 2:
+        return None
+    from sieve.service.core_watch import CoreWatch
+
+    global _watch
+    cpu, cpus, claims = _interpreter
+    if claims is None:
+        _watch = CoreWatch(cpu, cpus)
+    else:
+        _watch = CoreWatch(cpu, cpus, claim=lambda c: hold(cpu_lock(claims, c)),
+                           release=lambda c: release(cpu_lock(claims, c)))
+    return _watch.start()
+
+
+def interpreter_status() -> dict | None:
+    """/readyz `workers.interpreter`: the interpreter's CPU, the share, and what its watch did; None when the
+    interpreter is not pinned."""
+    if _interpreter is None:
+        return None
+    cpu, cpus, _ = _interpreter
+    if _watch is None:
+        return {"cpu": cpu, "share": cpus}
+    return {"cpu": _watch.cpu, "share": cpus, "moves": _watch.moves, "unpins": _watch.unpins}
 
 
 def forward_team() -> None:

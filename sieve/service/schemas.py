@@ -305,6 +305,13 @@ class CMCStatus(Reply):
     adapted: AdaptedCMCStatus | None = Field(None, description="For an adapted CMC: which one and how much of the live index it saw.")
 
 
+class InterpreterStatus(Reply):
+    cpu: int | None = Field(..., description="The one CPU this worker's Python threads run on (null while its watch has them unpinned).")
+    share: list[int] = Field(..., description="The worker's CPUs, where the forwards' threads run.")
+    moves: int = Field(0, description="Times the watch pinned the interpreter to another CPU: off one other processes kept busy, or again after an unpin.")
+    unpins: int = Field(0, description="Times the watch found no free CPU while other processes kept the interpreter's busy and unpinned it (the whole share, pinned again 5 s later).")
+
+
 class WorkersStatus(Reply):
     count: int = Field(..., description="Worker processes of this server (SIEVE_WORKERS, or chosen automatically).")
     ready: int = Field(..., description="Workers serving now (their models loaded); /readyz answers 503 until all are.")
@@ -314,6 +321,7 @@ class WorkersStatus(Reply):
     torch_threads: int = Field(..., description="Torch intra-op threads of this worker (SIEVE_TORCH_THREADS; with "
                                                 "several workers and no setting, the cores divided among them).")
     cpus: list[int] | None = Field(None, description="CPUs this worker may run on (its own share with SIEVE_PIN_WORKERS).")
+    interpreter: InterpreterStatus | None = Field(None, description="SIEVE_PIN_INTERPRETER: where this worker's interpreter runs and what the watch on its CPU did; null when not pinned.")
     blas_threads: int | None = Field(None, description="Threads of numpy's BLAS in this worker: 1 once its models are "
                                                        "loaded (its request threads compute many small products at once).")
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sieve.service.config import Settings
+from sieve.service.pinning import interpreter_status
 
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CHOSEN_ENV = "SIEVE_WORKERS_CHOSEN"  # the supervisor tells its workers how their number was chosen (/readyz)
@@ -133,7 +134,7 @@ def status(settings: Settings) -> dict:
             "chosen": os.environ.get(CHOSEN_ENV, "SIEVE_WORKERS" if settings.workers else "one process"),
             "torch_threads": torch.get_num_threads(),
             "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "blas_threads": blas_threads()}
+            "interpreter": interpreter_status(), "blas_threads": blas_threads()}
 
 
 def blas_threads() -> int | None:

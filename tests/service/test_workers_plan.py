@@ -66,9 +66,8 @@ def test_a_slot_is_held_while_its_holder_lives_and_freed_when_it_ends(tmp_path):
         holder.wait()
     assert pinning.claim_slot(tmp_path, 3) == 0  # freed by its end
     assert pinning.claim_slot(tmp_path, 2) is None  # 0 and 1 are this process's own now
-    for handle in pinning._held:
-        handle.close()
-    pinning._held.clear()
+    for path in list(pinning._held):
+        pinning.release(path)
 
 
 def test_pinning_is_off_unless_asked_and_a_single_process_takes_its_first_cpu(tmp_path):
