@@ -34,7 +34,7 @@ from pathlib import Path
 
 CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
-AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured there)
+AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured with 2)
 _held: dict[Path, object] = {}  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
 _forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
 _interpreter: tuple[int, list[int], Path | None] | None = None  # (its CPU, the share, where CPUs are claimed)
