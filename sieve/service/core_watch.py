@@ -104,10 +104,6 @@ class CoreWatch:
     _noted: float = 0.0  # when the last warning was logged
     _unpinned: set[int] = field(default_factory=set)  # the threads the last unpin freed: pinned again with the rest
 
-    @property
-    def unpinned(self) -> bool:
-        return self.cpu is None
-
     def start(self) -> "CoreWatch":
         self._thread = threading.Thread(target=self.run, name="core-watch", daemon=True)
         self._thread.start()

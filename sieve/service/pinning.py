@@ -36,8 +36,9 @@ CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: w
 log = logging.getLogger("sieve")
 AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured with 2)
 _held: dict[Path, object] = {}  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
-_forward_cpus: set[int] | None = None  # SIEVE_PIN_INTERPRETER: the worker's share, for the forwards' thread teams
-_interpreter: tuple[int, list[int], Path | None] | None = None  # (its CPU, the share, where CPUs are claimed)
+# SIEVE_PIN_INTERPRETER: (the interpreter's CPU, the worker's share, where CPUs are claimed); the share is also where
+# the forwards' thread teams run (forward_team)
+_interpreter: tuple[int, list[int], Path | None] | None = None
 _watch = None  # the CoreWatch on the interpreter's CPU (watch_interpreter)
 
 
@@ -102,7 +103,7 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
     another process: claim_cpu), while the threads that run model forwards give their OpenMP teams the whole share
     (forward_team). `interpreter` None (auto): so when the share has 2 to AUTO_MAX_CPUS CPUs. The CPUs the threads
     are bound to, or None when not pinned (off, no slot free)."""
-    global _forward_cpus, _interpreter
+    global _interpreter
     if not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
         return None
     allowed = sorted(os.sched_getaffinity(0))
@@ -125,7 +126,6 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
         except OSError:  # a thread that ended meanwhile
             pass
     if interpreter:
-        _forward_cpus = cpus
         _interpreter = (min(bound), sorted(cpus), claims)
         log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
                  min(bound), sorted(cpus), slot, count)
@@ -169,9 +169,9 @@ def forward_team() -> None:
     keep it (libgomp keeps one team per calling thread; a new thread inherits its creator's CPUs), then the thread
     itself goes back to the interpreter's CPU. So the interpreter's hand-offs stay on one core and the forwards
     use them all. Otherwise nothing."""
-    cpus = _forward_cpus
-    if cpus is None or len(cpus) < 2:
+    if _interpreter is None or len(_interpreter[1]) < 2:
         return
+    cpus = set(_interpreter[1])
     import torch
 
     own = os.sched_getaffinity(0)

@@ -136,7 +136,7 @@ import json, os, threading, time
 from pathlib import Path
 from sieve.service import pinning
 bound = pinning.pin_worker(False, 1, None, interpreter=None, claims=Path(os.environ["CLAIMS"]))
-share = sorted(pinning._forward_cpus)
+share = pinning._interpreter[1]
 def spin(cpus):
     if cpus:
         os.sched_setaffinity(0, cpus)
