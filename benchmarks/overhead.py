@@ -116,6 +116,12 @@ def stop(side: Side) -> None:
 
 def tree_cpu_s(root: int) -> float:
     """User + system CPU seconds of `root` and every process below it (all threads), from /proc."""
+    return sum(tree_cpu_by_child(root).values())
+
+
+def tree_cpu_by_child(root: int) -> dict[int, float]:
+    """CPU seconds (user + system, all threads, from /proc) of `root` itself (key root) and of each of its children
+    with everything below it (key: the child's pid): with several workers, what each worker spent."""
     parent, cpu = {}, {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -124,12 +130,16 @@ def tree_cpu_s(root: int) -> float:
             except OSError:
                 continue
             parent[int(entry)], cpu[int(entry)] = int(fields[1]), int(fields[11]) + int(fields[12])
-    tree, grew = {root}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return sum(cpu.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {root: cpu.get(root, 0) / tick}
+    for child in [p for p, pp in parent.items() if pp == root]:
+        tree, grew = {child}, True
+        while grew:
+            more = {p for p, pp in parent.items() if pp in tree} - tree
+            tree |= more
+            grew = bool(more)
+        out[child] = sum(cpu.get(p, 0) for p in tree) / tick
+    return out
 
 
 def wrk(url: str, clients: int, duration_s: float, bodies: Path) -> dict:
@@ -147,11 +157,17 @@ def wrk(url: str, clients: int, duration_s: float, bodies: Path) -> dict:
 
 def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: Path) -> dict:
     wrk(side.url, clients, warmup_s, bodies)
-    load, cpu0 = os.getloadavg()[0], tree_cpu_s(side.proc.pid)
+    load, cpu0 = os.getloadavg()[0], tree_cpu_by_child(side.proc.pid)
     got = wrk(side.url, clients, duration_s, bodies)
-    cpu = tree_cpu_s(side.proc.pid) - cpu0
-    return {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
-            **measured([got], cpu, load)}
+    cpu1 = tree_cpu_by_child(side.proc.pid)
+    spent = {pid: cpu1[pid] - cpu0.get(pid, 0.0) for pid in cpu1}
+    row = {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
+           **measured([got], sum(spent.values()), load)}
+    if (side.workers or 1) > 1:  # what each process under the supervisor used: how evenly the load was spread
+        seconds = row["duration_s"]
+        row["cores_by_process"] = sorted((round(v / seconds, 2) for pid, v in spent.items() if pid != side.proc.pid),
+                                         reverse=True)
+    return row
 
 
 def measured(runs: list[dict], cpu: float, load: float) -> dict:
@@ -197,7 +213,7 @@ def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clie
                 rows.append(row)
                 print(f"{row['side']:>16} c={clients} round {r}: {row['qps']:7.1f} QPS, p50 {row['p50_ms']:.1f} ms, "
                       f"server CPU {row['server_cpu_ms_per_request']:.3f} ms/request, errors {row['errors']}, "
-                      f"load {row['load_avg_1m_start']}", file=sys.stderr)
+                      f"load {row['load_avg_1m_start']}, cores {cores(row)}", file=sys.stderr)
     finally:
         for side in sides:
             stop(side)
@@ -253,12 +269,18 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def cores(row: dict) -> str:
+    """Cores the server used; with several processes, each one's in brackets (supervisor left out)."""
+    each = row.get("cores_by_process")
+    return f"{row['server_cores_used']}" + (f" ({' / '.join(map(str, each))})" if each else "")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| section | side | workers | round | QPS | p50 ms | p99 ms | server CPU ms/req | server cores | "
              "wrk CPU ms/req | errors | load 1m |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {'zero-cost' if r['zero_cost'] else 'real'} | {r['side']} | {r['workers'] or 'default'} | "
               f"{r['round']} | {r['qps']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_ms_per_request']} "
-              f"| {r['server_cores_used']} | {r['wrk_cpu_ms_per_request']} | {r['errors']} | {r['load_avg_1m_start']} |"
+              f"| {cores(r)} | {r['wrk_cpu_ms_per_request']} | {r['errors']} | {r['load_avg_1m_start']} |"
               for r in rows]
     return "\n".join(lines)
 
@@ -305,6 +327,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "pins it, but without the watch that moves it off a busy CPU (with --hog-cpu 0)")
     parser.add_argument("--unpinned", action="store_true", help="zero_cost: also 1 and 2 workers with "
                         "SIEVE_PIN_INTERPRETER=false (the default before it was automatic), and 2 with it true")
+    parser.add_argument("--shared-socket", action="store_true", help="zero_cost: also 2 workers on one shared "
+                        "listening socket (SIEVE_REUSE_PORT=false), unpinned and with SIEVE_PIN_INTERPRETER (and 2 "
+                        "with it on their own sockets, as --unpinned adds)")
+    parser.add_argument("--sides", help="only these sides, by name (this-1w,main,this-2w,...): fewer servers on the host")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
@@ -332,8 +358,12 @@ def sides_of(section_name: str, args) -> list[Side]:
         unpinned = [Side("this-1w-unpinned", REPO, 1, True, off), Side("this-2w-unpinned", REPO, 2, True, off),
                     Side("this-2w-interp", REPO, 2, True, interp)] if args.unpinned else []
         watchless = [Side("this-1w-nowatch", REPO, 1, True, {"SIEVE_BENCH_NO_WATCH": "1"})] if args.no_watch else []
+        shared = {"SIEVE_REUSE_PORT": "false"}
+        one_socket = [Side("this-2w-shared", REPO, 2, True, shared),
+                      *([] if args.unpinned else [Side("this-2w-interp", REPO, 2, True, interp)]),
+                      Side("this-2w-interp-shared", REPO, 2, True, {**interp, **shared})] if args.shared_socket else []
         return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter,
-                *unpinned, *watchless]
+                *unpinned, *watchless, *one_socket]
     sides = []
     for count in args.real_workers.split(","):
         if count == "default":
@@ -375,7 +405,8 @@ def main(argv=None) -> None:
             if name == "replicas":
                 rows = replica_section(index, args, bodies, logs, args.clients)
             else:
-                rows = section(sides_of(name, args), index, args, bodies, logs, args.clients)
+                sides = [s for s in sides_of(name, args) if not args.sides or s.name in args.sides.split(",")]
+                rows = section(sides, index, args, bodies, logs, args.clients)
             result["sections"][name] = {"rows": rows, "summary": summary(rows)}
             print(table(rows))
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -393,7 +424,8 @@ def verdict(sections: dict) -> dict:
     if "this-1w" in zero and "this-2w" in zero:
         out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
     for one, two in (("this-1w-unpinned", "this-2w-unpinned"), ("this-1w", "this-2w-interp"),
-                     ("this-1w-unpinned", "this-1w")):
+                     ("this-1w-unpinned", "this-1w"), ("this-2w-shared", "this-2w"),
+                     ("this-2w-interp-shared", "this-2w-interp")):
         if one in zero and two in zero:
             out[f"qps_ratio {two} / {one}"] = round(zero[two]["qps_pooled"] / zero[one]["qps_pooled"], 2)
     if "this-1w" in zero and "this-2w-pinned" in zero:

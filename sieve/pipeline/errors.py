@@ -41,4 +41,9 @@ class TooMuchWork(RequestError):
 
 class EncoderTimeout(Exception):
     """The query encoder gave no vector within the request's deadline and as long again, or the client hung up
-    first (HTTP 503 `encoder_timeout`: the server's doing, not the request's). No ranking can start without it."""
+    first (HTTP 503 `encoder_timeout`: the server's doing, not the request's). No ranking can start without it.
+    `client_gone`: the client hung up (nobody reads the answer; not a server fault)."""
+
+    def __init__(self, message: str, client_gone: bool = False):
+        super().__init__(message)
+        self.client_gone = client_gone

@@ -213,7 +213,7 @@ class Searcher:
         vector = wait(future, budget, state)
         if vector is None:
             why = "the client hung up" if state.cancelled else "its deadline and as long again passed"
-            raise EncoderTimeout(f"{what} before {why}")
+            raise EncoderTimeout(f"{what} before {why}", client_gone=bool(state.cancelled))
         return vector
 
     def query_runner(self, tower: TextEncoder):

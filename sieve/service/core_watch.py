@@ -84,7 +84,8 @@ def candidates(outside: dict[int, float], current: int, bar: float = BUSY_SHARE)
 
 @dataclass
 class CoreWatch:
-    """Watches `cpu` (the interpreter's; None once unpinned) within `share` (the worker's CPUs). `claim(cpu)`: whether
+    """Watches `cpu` (the interpreter's; None once unpinned) within `share` (the CPUs it may move to: the worker's
+    share, or every CPU the server may use for one of several workers with a CPU each). `claim(cpu)`: whether
     this process may take that CPU for its interpreter (pinning.claim_cpu's lock); `release(cpu)` gives one back."""
     cpu: int | None
     share: list[int]

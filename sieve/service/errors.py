@@ -96,8 +96,9 @@ async def on_index_unavailable(request: Request, exc: IndexUnavailableError) -> 
 
 async def on_encoder_timeout(request: Request, exc: EncoderTimeout) -> JSONResponse:
     """A query vector that never came (pipeline/searcher.py `encoded`): the server is overloaded or a batcher is
-    stuck; the request is answered instead of holding its thread."""
-    log.error("%s %s: %s", request.method, request.url.path, exc)
+    stuck; the request is answered instead of holding its thread. A client that hung up is logged at info, not as an
+    error: nothing is wrong with the server (a load generator ending its run closes connections mid-request)."""
+    log.log(logging.INFO if exc.client_gone else logging.ERROR, "%s %s: %s", request.method, request.url.path, exc)
     return error_body(503, "encoder_timeout", str(exc), headers={"Retry-After": "1"},
                       allowed="retry; the server could not encode the query in twice the request's timeout")
 

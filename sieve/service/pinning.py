@@ -24,7 +24,11 @@ one core (two single-worker zero-cost servers on a 2-core Intel host: both on th
 requests, each on its own 1.16x; RESULTS.md); processes that share no /dev/shm (containers) cannot see each other's
 claims. A watch on the interpreter's CPU (core_watch.py, watch_interpreter) moves it when other processes keep that
 CPU busy, which made it safe as the default: SIEVE_PIN_INTERPRETER unset or `auto` pins a worker whose share has 2 to
-AUTO_MAX_CPUS CPUs (Zen 4, 2 cores: 1.86x main's zero-cost requests, 1.07x with the real models; RESULTS.md)."""
+AUTO_MAX_CPUS CPUs (Zen 4, 2 cores: 1.86x main's zero-cost requests, 1.07x with the real models; RESULTS.md), and
+each of several workers that get one CPU each (no more workers than CPUs): such a worker runs wholly on its CPU, as
+with SIEVE_PIN_WORKERS, and its watch may move it to any CPU the server may use that no other interpreter claimed,
+or unpin it (Zen 4, 2 cores, each worker on its own listening socket: 2 workers 1.67x one worker's zero-cost
+requests, 1.43x unpinned; RESULTS.md)."""
 from __future__ import annotations
 
 import fcntl
@@ -36,9 +40,9 @@ CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: w
 log = logging.getLogger("sieve")
 AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured with 2)
 _held: dict[Path, object] = {}  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
-# SIEVE_PIN_INTERPRETER: (the interpreter's CPU, the worker's share, where CPUs are claimed); the share is also where
-# the forwards' thread teams run (forward_team)
-_interpreter: tuple[int, list[int], Path | None] | None = None
+# SIEVE_PIN_INTERPRETER: (the interpreter's CPU, the worker's share, where CPUs are claimed, the CPUs its watch may
+# move it to); the share is also where the forwards' thread teams run (forward_team)
+_interpreter: tuple[int, list[int], Path | None, list[int]] | None = None
 _watch = None  # the CoreWatch on the interpreter's CPU (watch_interpreter)
 
 
@@ -90,8 +94,11 @@ def cpu_lock(folder: Path, cpu: int) -> Path:
     return folder / f"sieve-interpreter-cpu-{cpu}.lock"
 
 
-def auto_interpreter(share_cpus: int) -> bool:
-    """SIEVE_PIN_INTERPRETER=auto: pin a worker's interpreter when its share has 2 to AUTO_MAX_CPUS CPUs."""
+def auto_interpreter(share_cpus: int, count: int = 1, allowed: int | None = None) -> bool:
+    """SIEVE_PIN_INTERPRETER=auto: pin a worker's interpreter when its share has 2 to AUTO_MAX_CPUS CPUs, or when
+    each of `count` > 1 workers has a CPU of its own among the `allowed` ones."""
+    if count > 1 and share_cpus == 1:
+        return allowed is not None and count <= allowed
     return 2 <= share_cpus <= AUTO_MAX_CPUS
 
 
@@ -108,7 +115,7 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if interpreter is None:
-        interpreter = auto_interpreter(len(allowed) if count == 1 else len(share(allowed, 0, count)))
+        interpreter = auto_interpreter(len(allowed) if count == 1 else len(share(allowed, 0, count)), count, len(allowed))
     if not (enabled or interpreter):
         return None
     if count == 1:
@@ -125,8 +132,8 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
             os.sched_setaffinity(int(tid), bound)
         except OSError:  # a thread that ended meanwhile
             pass
-    if interpreter:
-        _interpreter = (min(bound), sorted(cpus), claims)
+    if interpreter:  # a worker alone on one CPU may be moved to any other the server may use
+        _interpreter = (min(bound), sorted(cpus), claims, sorted(cpus) if len(cpus) > 1 or count == 1 else allowed)
         log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
                  min(bound), sorted(cpus), slot, count)
     else:
@@ -136,17 +143,17 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
 
 def watch_interpreter():
     """A CoreWatch (service/core_watch.py) on the interpreter's CPU, started, when pin_worker pinned it to one CPU of
-    a share of several; else None."""
-    if _interpreter is None or len(_interpreter[1]) < 2:
+    several it may move to; else None."""
+    if _interpreter is None or len(_interpreter[3]) < 2:
         return None
     from sieve.service.core_watch import CoreWatch
 
     global _watch
-    cpu, cpus, claims = _interpreter
+    cpu, _, claims, room = _interpreter
     if claims is None:
-        _watch = CoreWatch(cpu, cpus)
+        _watch = CoreWatch(cpu, room)
     else:
-        _watch = CoreWatch(cpu, cpus, claim=lambda c: hold(cpu_lock(claims, c)),
+        _watch = CoreWatch(cpu, room, claim=lambda c: hold(cpu_lock(claims, c)),
                            release=lambda c: release(cpu_lock(claims, c)))
     return _watch.start()
 
@@ -156,7 +163,7 @@ def interpreter_status() -> dict | None:
     interpreter is not pinned."""
     if _interpreter is None:
         return None
-    cpu, cpus, _ = _interpreter
+    cpu, cpus, _, _ = _interpreter
     if _watch is None:
         return {"cpu": cpu, "share": cpus}
     return {"cpu": _watch.cpu, "share": cpus, "moves": _watch.moves, "unpins": _watch.unpins}

@@ -1,16 +1,28 @@
 """Starts and watches the worker processes of `sieve serve` (service/workers.py says how many): uvicorn's
 multiprocess supervisor, plus what Sieve's workers need around it. A worker that dies leaves no live gauges or
 readiness marker behind (prometheus-client's mark_process_dead); on shutdown the supervisor lets go of the listening
-socket first, so new connections are refused while the workers drain."""
+sockets first, so new connections are refused while the workers drain.
+
+Listening (Settings.reuse_port): on Linux each worker gets a socket of its own, bound to the port with SO_REUSEPORT,
+and the kernel spreads new connections over the workers by their addresses. With one shared socket the worker whose
+event loop wakes first takes every connection then queued (asyncio accepts them all at once), so a client's burst of
+keep-alive connections could all land on one worker and stay there (RESULTS.md, issue 32). A worker's socket listens
+from the end of its start-up (uvicorn calls listen() after the app's lifespan has loaded the models), so no
+connection waits in the queue of a worker still loading, and it lives only as long as its worker (the supervisor keeps
+no copy): a worker that stops accepting or dies takes its socket with it, the kernel sends new connections to the
+others, and resets those queued there and never read (none was answered or acknowledged; with the host's
+net.ipv4.tcp_migrate_req = 1 the kernel moves them to another worker's socket instead)."""
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import socket
+import sys
 import tempfile
 from pathlib import Path
 
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from sieve.service import connections, workers
 from sieve.service.config import Settings
@@ -23,19 +35,115 @@ CLI_FIELDS = ("index_dir", "host", "port", "index_backend", "qdrant_url", "qdran
 log = logging.getLogger("sieve.workers")
 
 
+def reuse_port_available() -> bool:
+    """SO_REUSEPORT spreads connections over the sockets only on Linux (elsewhere the last socket bound gets them)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT, not yet listening: the worker it is handed to listens."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def migrate_req() -> int | None:
+    """The host's net.ipv4.tcp_migrate_req (None: not readable, a kernel before 5.14)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_migrate_req").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class Supervisor(Multiprocess):
-    def __init__(self, config, sockets, metrics_dir: Path):
+    """`per_worker`: each worker listens on a socket of its own (SO_REUSEPORT), made here for it; else every worker
+    shares `sockets`."""
+
+    def __init__(self, config, sockets, metrics_dir: Path, per_worker: bool = False):
         super().__init__(config, sockets)
         self.metrics_dir = metrics_dir
+        self.per_worker = per_worker
+
+    def new_process(self) -> Process:
+        """A started worker; with per_worker, on a new socket bound to the port the first one got."""
+        if not self.per_worker:
+            process = Process(self.config, self.sockets)
+            process.start()
+            return process
+        sock = reuse_port_socket(self.config.host, self.port)
+        try:
+            process = Process(self.config, [sock])
+            process.start()  # spawn: the socket is handed over (multiprocessing keeps a copy until the worker has it)
+        finally:
+            sock.close()  # so the socket lives as long as its worker: when the worker closes it or dies, the kernel
+        return process    # stops queueing connections there at once (and resets those queued, never read)
+
+    @property
+    def port(self) -> int:
+        return self.sockets[0].getsockname()[1] if self.sockets else self.config.port
+
+    def init_processes(self) -> None:
+        for _ in range(self.processes_num):
+            self.processes.append(self.new_process())
 
     def keep_subprocess_alive(self) -> None:
-        before = {p.pid: p for p in self.processes}
-        super().keep_subprocess_alive()
-        now = {p.pid for p in self.processes}
-        for pid, process in before.items():
-            if pid not in now:
-                self.forget(pid)
-                log.warning("worker %s exited (code %s); a new worker is starting", pid, process.exitcode)
+        """uvicorn's loop, and what Sieve adds: a dead or hung worker is killed, its gauges and readiness marker go,
+        and a new worker takes its place."""
+        from uvicorn.config import STARTUP_FAILURE
+
+        if self.should_exit.is_set():
+            return
+        for idx, process in enumerate(self.processes):
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()
+            process.join()
+            self.forget(process.pid)
+            if process.exitcode == STARTUP_FAILURE:  # the app or the index is broken: every restart would fail
+                log.error("worker %s failed to start; stopping", process.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            log.warning("worker %s exited (code %s); a new worker is starting", process.pid, process.exitcode)
+            self.processes[idx] = self.new_process()
+
+    def restart_all(self) -> None:
+        """SIGHUP: uvicorn's rolling restart (each new worker serving before the old one is told to stop)."""
+        for idx, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new = self.new_process()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                self.forget(new.pid)
+                log.error("worker %s was not ready in time; worker %s kept, the restart stopped", new.pid, old.pid)
+                return
+            old.terminate()
+            old.join()
+            self.forget(old.pid)
+            self.processes[idx] = new
+
+    def handle_ttin(self) -> None:  # SIGTTIN: one worker more, as uvicorn's (per_worker: on a socket of its own)
+        self.processes_num += 1
+        self.processes.append(self.new_process())
+
+    def handle_ttou(self) -> None:  # SIGTTOU: one worker fewer, as uvicorn's; its marker and socket go once it exited
+        if self.processes_num <= 1:
+            return super().handle_ttou()
+        self.processes_num -= 1
+        process = self.processes.pop()
+        process.terminate()
+        process.join()
+        self.forget(process.pid)
 
     def forget(self, pid: int) -> None:
         from prometheus_client import multiprocess
@@ -96,8 +204,13 @@ def serve(settings: Settings, chosen: workers.Plan | None = None,
                             h11_max_incomplete_event_size=settings.max_header_bytes,
                             timeout_graceful_shutdown=grace_s, timeout_worker_healthcheck=HEALTHCHECK_S)
     log.info("starting %d workers (%s) on %s:%d", chosen.count, chosen.chosen, settings.host, settings.port)
-    try:
-        Supervisor(config, sockets=[config.bind_socket()], metrics_dir=folder).run()
+    per_worker = settings.reuse_port is not False and reuse_port_available()
+    first = reuse_port_socket(settings.host, settings.port) if per_worker else config.bind_socket()
+    if per_worker and migrate_req() == 0:
+        log.info("each worker listens on its own socket; one that stops resets the connections queued on it and "
+                 "not yet read (set net.ipv4.tcp_migrate_req=1 to have the kernel hand them to another worker)")
+    try:  # per_worker: `first` only holds the port (bound, never listening, so no connection is queued on it)
+        Supervisor(config, sockets=[first], metrics_dir=folder, per_worker=per_worker).run()
     finally:
         if made:
             shutil.rmtree(folder, ignore_errors=True)

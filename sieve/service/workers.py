@@ -4,8 +4,9 @@ service/app.py's worker_app is what each one runs.
 
 - Start-up: the process started (the supervisor) binds the port and starts the workers with uvicorn's multiprocess
   supervisor, which SPAWNS them (fresh interpreters: nothing is forked from a process that has torch threads or a
-  CUDA context). Each worker loads its own models and index in its app's lifespan, then accepts connections from the
-  shared socket; the kernel hands each new connection to one worker.
+  CUDA context). Each worker loads its own models and index in its app's lifespan, then listens: on Linux on a
+  socket of its own bound to the port with SO_REUSEPORT, the kernel spreading new connections over the workers by
+  address (Settings.reuse_port; elsewhere one shared socket, whose connections go to whichever worker accepts first).
 - Writes: each worker has its own index writer thread; the writer lock and the atomic CURRENT switch of the index
   directory order them, as between replicas (docs/index.md). Before a request reads the index, a worker compares
   CURRENT with what it has loaded (one stat) and swaps in a version another worker published (IndexUpdater.catch_up),
@@ -17,7 +18,8 @@ service/app.py's worker_app is what each one runs.
 - A worker that dies is replaced (uvicorn's supervisor restarts it); its live gauges and marker are removed here.
   What it had acknowledged is on disk already: a write is acknowledged only after its version is published.
 - SIGTERM (or SIGINT) to the supervisor: it closes its copy of the socket and sends SIGTERM to every worker, each of
-  which answers what it has in flight (within the grace period) before it exits.
+  which stops listening and answers what it has in flight (within the grace period) before it exits. SIGHUP replaces
+  the workers one by one (each new one serving before the old one stops), SIGTTIN / SIGTTOU add or remove one.
 """
 from __future__ import annotations
 

@@ -131,6 +131,52 @@ def test_auto_pins_a_share_of_two_to_four_cpus(cpus, pinned):
     assert auto_interpreter(cpus) is pinned
 
 
+TEAM_MEMBER = r"""
+import json, os, sys
+from pathlib import Path
+from sieve.service import pinning
+bound = pinning.pin_worker(False, 2, Path(os.environ["SLOTS"]), interpreter=None, claims=Path(os.environ["CLAIMS"]))
+watch = pinning.watch_interpreter()
+print(json.dumps({"bound": sorted(bound), "main": sorted(os.sched_getaffinity(0)), "status": pinning.interpreter_status(),
+                  "room": watch.share}), flush=True)
+watch.stop()
+sys.stdin.readline()  # holds its slot and CPU until the other worker has reported too
+"""
+
+
+@TWO_CPUS
+def test_two_workers_on_two_cpus_each_run_on_their_own_and_may_be_moved_to_either(tmp_path):
+    """The automatic default for 2 workers on 2 CPUs: each worker wholly on the CPU of its slot (a CPU each), and its
+    watch may move it to any CPU the server may use (the other is claimed by the other worker's interpreter, so
+    under contention it unpins instead)."""
+    allowed = sorted(os.sched_getaffinity(0))[:2]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLAIMS": str(tmp_path / "claims"), "SLOTS": str(tmp_path)}
+    (tmp_path / "claims").mkdir()
+    team = [subprocess.Popen([sys.executable, "-c", TEAM_MEMBER], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, allowed))
+            for _ in range(2)]
+    try:
+        got = [json.loads(member.stdout.readline()) for member in team]
+    finally:
+        for member in team:
+            member.kill()
+    assert sorted(g["bound"][0] for g in got) == allowed, got
+    for g in got:
+        assert len(g["bound"]) == 1 and g["main"] == g["bound"], g
+        assert g["status"]["share"] == g["bound"] and g["status"]["cpu"] == g["bound"][0], g
+        assert g["room"] == allowed, g
+
+
+@pytest.mark.parametrize("count, allowed, pinned", [(2, 2, True), (4, 4, True), (3, 2, False), (8, 4, False)])
+def test_auto_pins_each_of_several_workers_with_a_cpu_of_its_own(count, allowed, pinned):
+    """Several workers with one CPU each (no more workers than CPUs) are pinned, each wholly on its CPU; more workers
+    than CPUs would stack two on one, and are left to the scheduler."""
+    from sieve.service.pinning import auto_interpreter, share
+
+    assert len(share(list(range(allowed)), 0, count)) == 1
+    assert auto_interpreter(1, count, allowed) is pinned
+
+
 OWN_WORK = r"""
 import json, os, threading, time
 from pathlib import Path

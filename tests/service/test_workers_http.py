@@ -1,14 +1,17 @@
 """`sieve serve` with two worker processes on one port and one index directory (service/workers.py), as a real
-subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a write through one worker is read through the
-other, a published click memory reaches both, /metrics adds up both, a SIGKILLed worker is replaced (on the CPU it
-had) without losing an acknowledged write, and SIGTERM lets both finish what they have in flight.
+subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a burst of new connections reaches both, a write
+through one worker is read through the other, a published click memory reaches both, /metrics adds up both, a
+SIGKILLed worker is replaced (on the CPU it had) without losing an acknowledged write, SIGHUP replaces both while
+every request is answered, and SIGTERM lets both finish what they have in flight.
 The tests share one server and run in file order; the SIGTERM test ends it."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import threading
 import time
 
@@ -42,17 +45,15 @@ def worker_of(client: httpx.Client) -> int:
 
 def client_on_another_worker(server: Server, pid: int) -> tuple[httpx.Client, int]:
     """A new keep-alive connection that reached a worker other than `pid`, and that worker's pid (one /readyz asked).
-    The workers share one listening socket and the kernel hands a connection to whichever accepts first: left to
-    chance, 60 new connections in a row once all reached one worker on a loaded host. So `pid` is stopped (SIGSTOP)
-    while the connection is made and answered, and only another worker can accept it."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    Each worker listens on a socket of its own (SO_REUSEPORT) and the kernel picks one from the connection's
+    addresses, so each new connection (a new source port) reaches the other worker with probability 1/2."""
+    for _ in range(64):
         client = server.client()
         other = worker_of(client)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert other != pid
-    return client, other
+        if other != pid:
+            return client, other
+        client.close()
+    raise AssertionError(f"64 new connections in a row reached worker {pid}: connections are not spread")
 
 
 def clients_on_two_workers(server: Server) -> tuple[httpx.Client, httpx.Client]:
@@ -86,6 +87,25 @@ def test_each_pinned_worker_runs_on_its_own_cpus(team):
         b.close()
     assert len(allowed) >= WORKERS  # the machines this runs on have 2 cores or more
     assert sorted(first + second) == allowed and not set(first) & set(second)
+
+
+def test_a_burst_of_new_connections_is_spread_over_both_workers(team):
+    """Connections opened at once, as a client's keep-alive pool opens them, reach both workers: each worker listens
+    on a socket of its own and the kernel spreads connections by address (all 24 on one worker: p = 2^-23). With one
+    shared socket the worker that woke first could accept the whole burst and keep it (Settings.reuse_port)."""
+    socks = [socket.create_connection(("127.0.0.1", team.port), timeout=60) for _ in range(24)]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: sieve\r\nConnection: close\r\n\r\n")
+        pids = []
+        for sock in socks:
+            answer = b"".join(iter(lambda: sock.recv(65536), b""))
+            body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            pids.append((body.get("workers") or body["error"]["workers"])["pid"])
+    finally:
+        for sock in socks:
+            sock.close()
+    assert len(set(pids)) == WORKERS, pids
 
 
 def test_a_write_through_one_worker_is_read_through_the_other(team):
@@ -247,6 +267,51 @@ def wait_for_replacement(server: Server, victim: int, survivor: int) -> int:
     seen = live_workers(server)
     assert victim not in seen and survivor in seen, (victim, survivor, seen)
     return next(iter(seen - {survivor}))
+
+
+RESET = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)
+
+
+def on_a_new_connection(server: Server, method: str, path: str, **kwargs) -> httpx.Response:
+    """One request on a new connection. A connection the kernel queued on a worker's socket as that worker stopped
+    is reset before anything is read (the host's net.ipv4.tcp_migrate_req = 0, as here, does not move it to
+    another worker): a client tries again, as this does (3 tries)."""
+    for attempt in range(3):
+        try:
+            with server.client() as c:
+                return c.request(method, path, **kwargs)
+        except RESET:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def pids_seen(server: Server, connections: int = 24) -> set[int]:
+    """The workers that answered `connections` new connections (each reaches one by its address: all of 2 workers
+    are seen unless 24 connections all reach one, p = 2^-23)."""
+    seen = set()
+    for _ in range(connections):
+        body = on_a_new_connection(server, "GET", "/readyz").json()
+        seen.add((body.get("workers") or body["error"]["workers"])["pid"])
+    return seen
+
+
+def test_sighup_replaces_every_worker_one_by_one_and_every_request_is_answered(team):
+    """uvicorn's rolling restart on SIGHUP: each new worker serves before the one it replaces stops. Searches on
+    new connections all the while: every one is answered 200 (a stopping worker closes its socket before it
+    drains what it accepted; a connection reset before it was read is tried again, as a client would)."""
+    before = pids_seen(team)
+    team.proc.send_signal(signal.SIGHUP)
+    answers, deadline, now = [], time.monotonic() + REPLACED_WITHIN_S, before
+    while time.monotonic() < deadline:
+        answers.append(on_a_new_connection(team, "POST", "/search",
+                                           json={"query": "lighthouse keepers", "top_k": 3}).status_code)
+        now = pids_seen(team, 8)
+        if not now & before and len(pids_seen(team)) == WORKERS:
+            break
+    assert not now & before, (before, now)
+    assert set(answers) == {200}, answers
+    assert on_a_new_connection(team, "GET", "/readyz").status_code == 200
 
 
 def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
