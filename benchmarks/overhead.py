@@ -204,12 +204,18 @@ def hogs(count: int, cpu: int | None = None):
 def section(sides: list[Side], index: Path, args, bodies: Path, logs: Path, clients: int) -> list[dict]:
     rows = []
     try:
-        for side in sides:
-            start(side, index, logs / f"{side.name}.log")
-        time.sleep(args.settle)  # the start-ups of the later servers are over: pinned interpreters' watches settle
+        if not args.fresh:
+            for side in sides:
+                start(side, index, logs / f"{side.name}.log")
+            time.sleep(args.settle)  # the start-ups of the later servers are over: pinned interpreters' watches settle
         for r in range(args.rounds):
             for side in (sides if r % 2 == 0 else sides[::-1]):
+                if args.fresh:  # this side's server alone on the host: no idle server's watch or CPU claim around
+                    start(side, index, logs / f"{side.name}-{r}.log")
+                    time.sleep(args.settle)
                 row = {"round": r, **block(side, clients, args.duration, args.warmup, bodies)}
+                if args.fresh:
+                    stop(side)
                 rows.append(row)
                 print(f"{row['side']:>16} c={clients} round {r}: {row['qps']:7.1f} QPS, p50 {row['p50_ms']:.1f} ms, "
                       f"server CPU {row['server_cpu_ms_per_request']:.3f} ms/request, errors {row['errors']}, "
@@ -330,6 +336,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shared-socket", action="store_true", help="zero_cost: also 2 workers on one shared "
                         "listening socket (SIEVE_REUSE_PORT=false), unpinned and with SIEVE_PIN_INTERPRETER (and 2 "
                         "with it on their own sockets, as --unpinned adds)")
+    parser.add_argument("--fresh", action="store_true", help="start each side's server for its block and stop it "
+                        "after, so one server at a time is up (idle servers' watches react to the others' load and "
+                        "hold CPU claims); --settle then waits after each start")
     parser.add_argument("--sides", help="only these sides, by name (this-1w,main,this-2w,...): fewer servers on the host")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
