@@ -18,6 +18,9 @@ os.environ.setdefault("SIEVE_PRECISION", "fp32")
 # Apps created in pytest's own process would pin its threads (and every server it starts inherits its CPUs): the
 # servers here run unpinned; tests/service/test_pin_interpreter.py and test_core_watch.py test the automatic default.
 os.environ.setdefault("SIEVE_PIN_INTERPRETER", "false")
+# One process per server unless a test asks for workers (the automatic count is 2 on a 2-core machine: every server
+# would load its models twice); tests/service/test_workers_*.py test the workers and the automatic count.
+os.environ.setdefault("SIEVE_WORKERS", "1")
 registry.load_plugins()  # the research stages, as an installed server has them
 
 REPO = Path(__file__).resolve().parents[1]

@@ -69,21 +69,31 @@ def device_kind(device: str) -> str:
 
 def plan(settings: Settings, cores: int | None = None, kind: str | None = None) -> Plan:
     """SIEVE_WORKERS when set; else on CUDA one worker per 2 CPU cores (at most 8: the per-request Python work is
-    the limit and the GPU has room for all of them), on a CPU one per 4 cores (at most 4: there the models use the
-    cores, and each worker loads its own copy of them)."""
+    the limit and the GPU has room for all of them), on a CPU one per 4 cores but at least 2 from 2 cores (at most 4:
+    there the models use the cores, and each worker loads its own copy of them). Two workers on 2 cores, each on its
+    own CPU and listening socket, answered 1.67x one worker's default /search with the real models (Zen 4, RESULTS.md
+    issue 32, tenth session; Intel Xeon 1.26-1.52x)."""
     if settings.workers:
         return Plan(settings.workers, "SIEVE_WORKERS")
+    if in_process_backend(settings):
+        return Plan(1, f"auto: SIEVE_INDEX_BACKEND={settings.index_backend} in this process (one process per folder)")
     cores = cores or usable_cores()
     kind = kind or device_kind(settings.device)
     if kind == "cuda":
         return Plan(max(1, min(8, cores // 2)), f"auto: {cores} CPU cores, cuda: one worker per 2 cores, at most 8")
-    return Plan(max(1, min(4, cores // 4)), f"auto: {cores} CPU cores, cpu: one worker per 4 cores, at most 4")
+    return Plan(max(1, min(4, max(min(cores, 2), cores // 4))),
+                f"auto: {cores} CPU cores, cpu: one worker per 4 cores, at least 2 from 2 cores, at most 4")
+
+
+def in_process_backend(settings: Settings) -> bool:
+    """An index backend that lives in this process (Qdrant's local mode, a Qdrant Edge shard): one process only."""
+    return settings.index_backend == "qdrant-edge" or (settings.index_backend == "qdrant"
+                                                        and not settings.qdrant_url.startswith("http"))
 
 
 def check_backend(settings: Settings, count: int) -> None:
     """Workers share a local index directory or a Qdrant server; an in-process Qdrant belongs to one process."""
-    if count > 1 and (settings.index_backend == "qdrant-edge"
-                      or (settings.index_backend == "qdrant" and not settings.qdrant_url.startswith("http"))):
+    if count > 1 and in_process_backend(settings):
         raise SystemExit(f"sieve: {count} workers cannot share SIEVE_INDEX_BACKEND={settings.index_backend} at "
                          f"{settings.qdrant_url if settings.index_backend == 'qdrant' else settings.qdrant_edge_path}"
                          " (one process per Qdrant directory); use a Qdrant server (http://...) or SIEVE_WORKERS=1")

@@ -8,11 +8,25 @@ from sieve.service import workers
 from sieve.service.config import Settings
 
 
-@pytest.mark.parametrize("cores, kind, count", [(1, "cpu", 1), (2, "cpu", 1), (8, "cpu", 2), (64, "cpu", 4),
-                                                (1, "cuda", 1), (2, "cuda", 1), (16, "cuda", 8), (96, "cuda", 8)])
-def test_the_automatic_count_follows_cores_and_device(cores, kind, count):
+@pytest.mark.parametrize("cores, kind, count", [(1, "cpu", 1), (2, "cpu", 2), (3, "cpu", 2), (8, "cpu", 2),
+                                                (12, "cpu", 3), (64, "cpu", 4), (1, "cuda", 1), (2, "cuda", 1),
+                                                (16, "cuda", 8), (96, "cuda", 8)])
+def test_the_automatic_count_follows_cores_and_device(cores, kind, count, monkeypatch):
+    monkeypatch.delenv("SIEVE_WORKERS", raising=False)  # tests/conftest.py sets 1 for the suite's servers
     chosen = workers.plan(Settings(), cores=cores, kind=kind)
     assert chosen.count == count and chosen.chosen.startswith(f"auto: {cores} CPU cores, {kind}")
+
+
+def test_an_in_process_qdrant_gets_one_automatic_worker(monkeypatch, tmp_path):
+    """The automatic count never asks for what check_backend refuses: Qdrant's local mode and an Edge shard belong
+    to one process."""
+    monkeypatch.delenv("SIEVE_WORKERS", raising=False)
+    for backend in ({"index_backend": "qdrant-edge", "qdrant_edge_path": str(tmp_path)},
+                    {"index_backend": "qdrant", "qdrant_url": str(tmp_path)}):
+        chosen = workers.plan(Settings(**backend), cores=8, kind="cpu")
+        assert chosen.count == 1 and "one process per folder" in chosen.chosen
+        workers.check_backend(Settings(**backend), chosen.count)  # no SystemExit
+    assert workers.plan(Settings(index_backend="qdrant", qdrant_url="http://q:6333"), cores=8, kind="cpu").count == 2
 
 
 def test_a_set_count_wins_and_auto_or_empty_means_unset(monkeypatch):
