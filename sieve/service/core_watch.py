@@ -91,6 +91,7 @@ class CoreWatch:
     share: list[int]
     claim: Callable[[int], bool] = lambda cpu: True
     release: Callable[[int], None] = lambda cpu: None
+    whole: bool = False  # every thread of the process follows the interpreter (a worker alone on one CPU)
     window_s: float = WINDOW_S
     bar: float = BUSY_SHARE
     patience: int = field(default_factory=lambda: random.randint(*PATIENCE))
@@ -180,8 +181,9 @@ class CoreWatch:
     def bind(self, only: set[int] | None, cpus: set[int], also: set[int] = frozenset()) -> set[int]:
         """Threads bound to `only` alone (those the interpreter's threads started, native ones included; forward
         teams keep their share), or with `only` None every Python thread and the threads in `also` (those an unpin
-        freed), now run on `cpus`. The threads moved."""
-        if only is None:
+        freed), now run on `cpus`; with `whole`, `only` None binds every thread (native ones started while unpinned
+        too). The threads moved."""
+        if only is None and not self.whole:
             tids = {t.native_id for t in threading.enumerate() if t.native_id is not None} | set(also)
         else:
             tids = {int(name) for name in os.listdir("/proc/self/task")}

@@ -149,12 +149,13 @@ def watch_interpreter():
     from sieve.service.core_watch import CoreWatch
 
     global _watch
-    cpu, _, claims, room = _interpreter
+    cpu, cpus, claims, room = _interpreter
+    whole = len(cpus) == 1  # a worker alone on its CPU: every thread goes where the interpreter goes
     if claims is None:
-        _watch = CoreWatch(cpu, room)
+        _watch = CoreWatch(cpu, room, whole=whole)
     else:
         _watch = CoreWatch(cpu, room, claim=lambda c: hold(cpu_lock(claims, c)),
-                           release=lambda c: release(cpu_lock(claims, c)))
+                           release=lambda c: release(cpu_lock(claims, c)), whole=whole)
     return _watch.start()
 
 

@@ -138,7 +138,7 @@ from sieve.service import pinning
 bound = pinning.pin_worker(False, 2, Path(os.environ["SLOTS"]), interpreter=None, claims=Path(os.environ["CLAIMS"]))
 watch = pinning.watch_interpreter()
 print(json.dumps({"bound": sorted(bound), "main": sorted(os.sched_getaffinity(0)), "status": pinning.interpreter_status(),
-                  "room": watch.share}), flush=True)
+                  "room": watch.share, "whole": watch.whole}), flush=True)
 watch.stop()
 sys.stdin.readline()  # holds its slot and CPU until the other worker has reported too
 """
@@ -164,7 +164,7 @@ def test_two_workers_on_two_cpus_each_run_on_their_own_and_may_be_moved_to_eithe
     for g in got:
         assert len(g["bound"]) == 1 and g["main"] == g["bound"], g
         assert g["status"]["share"] == g["bound"] and g["status"]["cpu"] == g["bound"][0], g
-        assert g["room"] == allowed, g
+        assert g["room"] == allowed and g["whole"], g
 
 
 @pytest.mark.parametrize("count, allowed, pinned", [(2, 2, True), (4, 4, True), (3, 2, False), (8, 4, False)])
@@ -234,3 +234,34 @@ def test_pinning_again_binds_every_python_thread_to_the_least_busy_cpu():
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["got"] == got["target"] and got["main"] == got["worker"] == [got["target"]]
+
+
+REPIN_NATIVE = r"""
+import _thread, json, os, sys, threading, time
+from sieve.service.core_watch import CoreWatch
+share = sorted(os.sched_getaffinity(0))
+born = []
+_thread.start_new_thread(lambda: (born.append(threading.get_native_id()), time.sleep(5)), ())  # no threading.Thread
+while not born:
+    time.sleep(0.01)
+watch = CoreWatch(None, share, whole=sys.argv[1] == "whole")
+target = share[-1]
+watch.repin({cpu: (0.0 if cpu == target else 0.9) for cpu in share}, now=0.0)
+print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "native": sorted(os.sched_getaffinity(born[0])),
+                  "target": target, "share": share}))
+"""
+
+
+@TWO_CPUS
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_worker_alone_on_its_cpu_takes_every_thread_along_when_pinned_again(whole):
+    """A thread threading does not know (as a native library starts them) that was born while the interpreter was
+    unpinned: pinned again with it when the whole worker follows its interpreter (a worker with a CPU of its own),
+    left on the share otherwise (where such threads are forward teams that belong there)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", REPIN_NATIVE, "whole" if whole else "python"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["main"] == [got["target"]]
+    assert got["native"] == ([got["target"]] if whole else got["share"]), got
