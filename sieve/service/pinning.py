@@ -27,8 +27,8 @@ CPU busy, which made it safe as the default: SIEVE_PIN_INTERPRETER unset or `aut
 AUTO_MAX_CPUS CPUs (Zen 4, 2 cores: 1.86x main's zero-cost requests, 1.07x with the real models; RESULTS.md), and
 each of several workers that get one CPU each (no more workers than CPUs): such a worker runs wholly on its CPU, as
 with SIEVE_PIN_WORKERS, and its watch may move it to any CPU the server may use that no other interpreter claimed,
-or unpin it (Zen 4, 2 cores, each worker on its own listening socket: 2 workers 1.67x one worker's zero-cost
-requests, 1.43x unpinned; RESULTS.md)."""
+or unpin it (Zen 4, 2 cores, each worker on its own listening socket: 2 workers 1.69x one worker's zero-cost
+requests, 1.12x the same workers unpinned; RESULTS.md)."""
 from __future__ import annotations
 
 import fcntl
