@@ -34,10 +34,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 
 CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
+LATE_PIN_S = 600.0  # a worker that found every slot held waits this long for one (pin_later)
 AUTO_MAX_CPUS = 4  # SIEVE_PIN_INTERPRETER=auto pins a worker whose share has 2 to this many CPUs (measured with 2)
 _held: dict[Path, object] = {}  # the locks this process holds (its worker slot, its interpreter CPU), open for its life
 # SIEVE_PIN_INTERPRETER: (the interpreter's CPU, the worker's share, where CPUs are claimed, the CPUs its watch may
@@ -110,7 +113,6 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
     another process: claim_cpu), while the threads that run model forwards give their OpenMP teams the whole share
     (forward_team). `interpreter` None (auto): so when the share has 2 to AUTO_MAX_CPUS CPUs. The CPUs the threads
     are bound to, or None when not pinned (off, no slot free)."""
-    global _interpreter
     if not hasattr(os, "sched_setaffinity") or (count > 1 and folder is None):
         return None
     allowed = sorted(os.sched_getaffinity(0))
@@ -123,22 +125,61 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
     else:
         slot = claim_slot(folder, count)
         if slot is None:
-            log.warning("no free CPU slot among %d workers: this worker is not pinned", count)
+            log.warning("no free CPU slot among %d workers (a rolling restart: the worker this one replaces still "
+                        "holds it): this worker is pinned once one is free", count)
+            threading.Thread(target=pin_later, args=(count, folder, interpreter, claims, allowed), name="pin-later",
+                             daemon=True).start()
             return None
         cpus = share(allowed, slot, count)
     bound = {claim_cpu(sorted(cpus), claims)} if interpreter else cpus
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), bound)
-        except OSError:  # a thread that ended meanwhile
-            pass
-    if interpreter:  # a worker alone on one CPU may be moved to any other the server may use
-        _interpreter = (min(bound), sorted(cpus), claims, sorted(cpus) if len(cpus) > 1 or count == 1 else allowed)
-        log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(),
-                 min(bound), sorted(cpus), slot, count)
+    bind(set(map(int, os.listdir("/proc/self/task"))), bound)
+    if interpreter:
+        note_interpreter(min(bound), cpus, claims, count, allowed, slot)
     else:
         log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
     return bound
+
+
+def bind(tids: set[int], cpus: set[int]) -> None:
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def note_interpreter(cpu: int, cpus: set[int], claims: Path | None, count: int, allowed: list[int], slot: int) -> None:
+    """Records where the interpreter is pinned (a worker alone on one CPU may be moved to any the server may use)."""
+    global _interpreter
+    _interpreter = (cpu, sorted(cpus), claims, sorted(cpus) if len(cpus) > 1 or count == 1 else allowed)
+    log.info("worker %d: interpreter threads pinned to CPU %s, forwards on CPUs %s (slot %d of %d)", os.getpid(), cpu,
+             sorted(cpus), slot, count)
+
+
+def pin_later(count: int, folder: Path, interpreter: bool, claims: Path | None, allowed: list[int],
+              wait_s: float = LATE_PIN_S, every_s: float = 0.5) -> None:
+    """pin_worker for a worker that found every slot held at its start (SIGHUP's rolling restart starts each new
+    worker while the one it replaces still runs): once a slot frees, every thread goes to its CPUs (with
+    `interpreter` and a share of several, the Python threads then to one CPU of it; forward teams made meanwhile keep
+    the share) and the interpreter's watch starts."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(every_s)
+        slot = claim_slot(folder, count)
+        if slot is None:
+            continue
+        cpus = share(allowed, slot, count)
+        bind(set(map(int, os.listdir("/proc/self/task"))), cpus)
+        if not interpreter:
+            log.info("worker %d pinned to CPUs %s (slot %d of %d), once it was free", os.getpid(), sorted(cpus), slot,
+                     count)
+            return
+        cpu = claim_cpu(sorted(cpus), claims)
+        bind({t.native_id for t in threading.enumerate() if t.native_id is not None}, {cpu})
+        note_interpreter(cpu, cpus, claims, count, allowed, slot)
+        watch_interpreter()
+        return
+    log.warning("no CPU slot was freed in %.0f s: this worker stays unpinned", wait_s)
 
 
 def watch_interpreter():

@@ -265,3 +265,51 @@ def test_a_worker_alone_on_its_cpu_takes_every_thread_along_when_pinned_again(wh
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["main"] == [got["target"]]
     assert got["native"] == ([got["target"]] if whole else got["share"]), got
+
+
+LATE = r"""
+import _thread, json, os, sys, threading, time
+from pathlib import Path
+from sieve.service import pinning
+bound = pinning.pin_worker(False, 2, Path(os.environ["SLOTS"]), interpreter=None, claims=Path(os.environ["CLAIMS"]))
+born = []
+_thread.start_new_thread(lambda: (born.append(threading.get_native_id()), time.sleep(30)), ())  # a model's thread
+while not born:
+    time.sleep(0.01)
+print(json.dumps({"bound": bound, "status": pinning.interpreter_status()}), flush=True)
+sys.stdin.readline()  # the test has let go of slot 1
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and pinning.interpreter_status() is None:
+    time.sleep(0.05)
+print(json.dumps({"status": pinning.interpreter_status(), "main": sorted(os.sched_getaffinity(0)),
+                  "native": sorted(os.sched_getaffinity(born[0]))}), flush=True)
+"""
+
+
+@TWO_CPUS
+def test_a_worker_that_found_every_slot_held_is_pinned_once_one_frees(tmp_path):
+    """SIGHUP's rolling restart starts each new worker while the one it replaces still holds its CPU slot: the new
+    worker starts unpinned and takes the slot (every thread, one a native library started included) when the old
+    worker lets go of it."""
+    from sieve.service import pinning
+
+    allowed = sorted(os.sched_getaffinity(0))[:2]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLAIMS": str(tmp_path / "claims"), "SLOTS": str(tmp_path)}
+    (tmp_path / "claims").mkdir()
+    slots = [tmp_path / f"slot-{i}.lock" for i in range(2)]
+    assert all(pinning.hold(slot) for slot in slots)  # the two workers being replaced
+    child = subprocess.Popen([sys.executable, "-c", LATE], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: os.sched_setaffinity(0, allowed))
+    try:
+        first = json.loads(child.stdout.readline())
+        assert first == {"bound": None, "status": None}  # nothing free: not pinned (yet)
+        pinning.release(slots[1])
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        got = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        pinning.release(slots[0])
+        pinning.release(slots[1])
+    assert got["status"] is not None and got["status"]["cpu"] == allowed[1] and got["status"]["share"] == [allowed[1]]
+    assert got["main"] == got["native"] == [allowed[1]], got

@@ -2,7 +2,7 @@
 subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a burst of new connections reaches both, a write
 through one worker is read through the other, a published click memory reaches both, /metrics adds up both, a
 SIGKILLed worker is replaced (on the CPU it had) without losing an acknowledged write, SIGHUP replaces both while
-every request is answered, and SIGTERM lets both finish what they have in flight.
+every request is answered (each new worker pinned once the old one lets go of its CPU), and SIGTERM lets both finish what they have in flight.
 The tests share one server and run in file order; the SIGTERM test ends it."""
 from __future__ import annotations
 
@@ -312,6 +312,16 @@ def test_sighup_replaces_every_worker_one_by_one_and_every_request_is_answered(t
     assert not now & before, (before, now)
     assert set(answers) == {200}, answers
     assert on_a_new_connection(team, "GET", "/readyz").status_code == 200
+    placed, deadline = {}, time.monotonic() + 60  # each new worker started with both slots held: it pins itself
+    while time.monotonic() < deadline:             # once the worker it replaced lets go of its slot (pin_later)
+        placed = {}
+        for _ in range(24):
+            body = on_a_new_connection(team, "GET", "/readyz").json()
+            placed[body["workers"]["pid"]] = tuple(body["workers"]["cpus"])
+        if len(placed) == WORKERS and all(len(c) == 1 for c in placed.values()) and len(set(placed.values())) == 2:
+            break
+        time.sleep(0.5)
+    assert len(set(placed.values())) == WORKERS and all(len(c) == 1 for c in placed.values()), placed
 
 
 def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
