@@ -50,6 +50,16 @@ def busy_s(stat: str = "/proc/stat") -> dict[int, float]:
     return out
 
 
+def all_threads() -> set[int]:
+    """This process's thread ids, native ones (OpenMP teams, library pools) included."""
+    return {int(name) for name in os.listdir("/proc/self/task")}
+
+
+def python_threads() -> set[int]:
+    """The thread ids of this process's Python threads (those threading knows)."""
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
 def own_threads() -> dict[int, tuple[float, frozenset[int]]]:
     """This process's threads: tid -> (CPU seconds so far, the CPUs it may run on)."""
     tick, out = os.sysconf("SC_CLK_TCK"), {}
@@ -183,10 +193,7 @@ class CoreWatch:
         teams keep their share), or with `only` None every Python thread and the threads in `also` (those an unpin
         freed), now run on `cpus`; with `whole`, `only` None binds every thread (native ones started while unpinned
         too). The threads moved."""
-        if only is None and not self.whole:
-            tids = {t.native_id for t in threading.enumerate() if t.native_id is not None} | set(also)
-        else:
-            tids = {int(name) for name in os.listdir("/proc/self/task")}
+        tids = python_threads() | set(also) if only is None and not self.whole else all_threads()
         moved = set()
         for tid in tids:
             try:

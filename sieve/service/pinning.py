@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from sieve.service.core_watch import CoreWatch, all_threads, python_threads
+
 CLAIMS = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # host-wide: where interpreter CPUs are claimed
 log = logging.getLogger("sieve")
 LATE_PIN_S = 600.0  # a worker that found every slot held waits this long for one (pin_later)
@@ -132,7 +134,7 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
             return None
         cpus = share(allowed, slot, count)
     bound = {claim_cpu(sorted(cpus), claims)} if interpreter else cpus
-    bind(set(map(int, os.listdir("/proc/self/task"))), bound)
+    bind(all_threads(), bound)
     if interpreter:
         note_interpreter(min(bound), cpus, claims, count, allowed, slot)
     else:
@@ -169,13 +171,13 @@ def pin_later(count: int, folder: Path, interpreter: bool, claims: Path | None, 
         if slot is None:
             continue
         cpus = share(allowed, slot, count)
-        bind(set(map(int, os.listdir("/proc/self/task"))), cpus)
+        bind(all_threads(), cpus)
         if not interpreter:
             log.info("worker %d pinned to CPUs %s (slot %d of %d), once it was free", os.getpid(), sorted(cpus), slot,
                      count)
             return
         cpu = claim_cpu(sorted(cpus), claims)
-        bind({t.native_id for t in threading.enumerate() if t.native_id is not None}, {cpu})
+        bind(python_threads(), {cpu})
         note_interpreter(cpu, cpus, claims, count, allowed, slot)
         watch_interpreter()
         return
@@ -187,8 +189,6 @@ def watch_interpreter():
     several it may move to; else None."""
     if _interpreter is None or len(_interpreter[3]) < 2:
         return None
-    from sieve.service.core_watch import CoreWatch
-
     global _watch
     cpu, cpus, claims, room = _interpreter
     whole = len(cpus) == 1  # a worker alone on its CPU: every thread goes where the interpreter goes

@@ -81,7 +81,7 @@ def plan(settings: Settings, cores: int | None = None, kind: str | None = None) 
     kind = kind or device_kind(settings.device)
     if kind == "cuda":
         return Plan(max(1, min(8, cores // 2)), f"auto: {cores} CPU cores, cuda: one worker per 2 cores, at most 8")
-    return Plan(max(1, min(4, max(min(cores, 2), cores // 4))),
+    return Plan(min(4, max(min(cores, 2), cores // 4)),
                 f"auto: {cores} CPU cores, cpu: one worker per 4 cores, at least 2 from 2 cores, at most 4")
 
 
