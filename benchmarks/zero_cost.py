@@ -91,7 +91,9 @@ def main() -> None:
     if args.workers == 1:
         from sieve.cli import run_server
 
-        run_server(settings)  # the single-process path, as `sieve serve` runs it (main has only this one)
+        # the single-process path, as `sieve serve` runs it: asked for explicitly, since the automatic count may be
+        # more than 1 (2 from 2 cores), and workers that run_server starts would load the real forwards
+        run_server(settings.model_copy(update={"workers": 1}))
         return
     from sieve.service import supervisor
 
