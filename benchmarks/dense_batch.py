@@ -1,7 +1,9 @@
 """CPU per query of the first stage's exact vector search, alone and in batches (pipeline/dense_batch.py): FAISS
 over a served index's flat vectors with its own choice of kernel, and as a serving runner searches a batch
-(`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries). Interleaved rounds on one thread, FAISS
-and BLAS on one thread (as a runner's thread runs them); medians of CPU microseconds per query.
+(`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries), and torch's matrix product + top-k over the
+same memory-mapped vectors (index/device_flat.py on the CPU: what a CPU server searches with by default since the
+eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE). Interleaved rounds on one thread, FAISS, BLAS and torch on one
+thread (as a pinned worker's runner runs them); medians of CPU microseconds per query.
 
     .venv/bin/python benchmarks/dense_batch.py --index ../idx/scifact --out benchmarks/results/dense_batch_intel.json
 """
@@ -30,6 +32,7 @@ def per_query_us(search, vectors: np.ndarray, batch: int, seconds: float) -> flo
 
 
 def main() -> None:
+    import torch
     from threadpoolctl import threadpool_limits
 
     from benchmarks.cmc_latency import machine
@@ -48,8 +51,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     faiss_one_thread()
     threadpool_limits(1)
+    torch.set_num_threads(1)
     load_before = os.getloadavg()
-    with SearchIndex.load(args.index) as index:
+    with SearchIndex.load(args.index) as index, SearchIndex.load(args.index, flat_device="cpu") as on_torch:
         vectors = rng.standard_normal((512, index.manifest.dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
 
@@ -60,7 +64,11 @@ def main() -> None:
         def served(queries):
             return list(search_batch([(index, q, args.k) for q in queries]))
 
-        kernels = {"FAISS's own choice": faiss_default, f"served (matrix product from {BLAS_MIN_BATCH})": served}
+        def served_torch(queries):
+            return list(search_batch([(on_torch, q, args.k) for q in queries]))
+
+        kernels = {"FAISS's own choice": faiss_default, f"FAISS as served (matrix product from {BLAS_MIN_BATCH})": served,
+                   "torch over the memory map (served default)": served_torch}
         cells: dict = {(name, b): [] for name in kernels for b in batches}
         for r in range(args.rounds):
             for name, search in (kernels.items() if r % 2 == 0 else reversed(kernels.items())):
@@ -70,9 +78,11 @@ def main() -> None:
                  "rounds": [round(x, 1) for x in v]} for (name, b), v in cells.items()]
         median = {(r["kernel"], r["batch"]): r["cpu_us_per_query"] for r in rows}
         print(f"{index.size} rows x {index.manifest.dim}, top {args.k}, CPU us per query (median of {args.rounds})")
-        print("| batch | " + " | ".join(kernels) + " |\n|---:|" + "---:|" * len(kernels))
+        print("| batch | " + " | ".join(kernels) + " | torch / FAISS as served |\n|---:|" + "---:|" * (len(kernels) + 1))
+        names = list(kernels)
         for b in batches:
-            print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + " |")
+            ratio = median[(names[2], b)] / median[(names[1], b)]
+            print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + f" | {ratio:.2f} |")
         args.out.write_text(json.dumps({"machine": machine(), "index": str(args.index), "rows": index.size,
                                         "dim": index.manifest.dim, "k": args.k, "command": " ".join(sys.argv),
                                         "load_before": load_before, "load_after": os.getloadavg(),

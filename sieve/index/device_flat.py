@@ -2,7 +2,11 @@
 
 A flat segment's vectors are copied once to the device when the segment is opened, and a search is one matmul and
 one top-k there: fp16 on CUDA (half the memory and the tensor cores; scores within ~1e-3 of fp32 for unit vectors,
-so two hits that close may swap), fp32 on the CPU (what the tests compare against FAISS's exact search). Where
+so two hits that close may swap), fp32 on the CPU (what the tests compare against FAISS's exact search). On the CPU
+a segment's float32 memory map is used as it is (a tensor over the same pages: no copy, no extra memory), and the
+search is torch's matrix product and top-k, which the vector-search runner (pipeline/dense_batch.py) prefers to
+FAISS's `knn` there: per query, 0.6x its CPU for batches of 2-8 queries and ~0.95x for one on SciFact's 5,183 x 384
+vectors (benchmarks/dense_batch.py, RESULTS.md "Issue 32, eleventh session"). Where
 faiss-gpu is installed (the `gpu` extra) a flat segment goes to a GpuIndexFlatIP instead; the torch path is the
 fallback. Deleted rows are dropped by the caller (Segment.search asks for k + dead hits), as on every other path.
 
@@ -11,6 +15,7 @@ torch is imported here only when a segment is put on a device: `sieve.index` sta
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 
@@ -69,6 +74,11 @@ class DeviceFlat:
 def _to_device(vectors, device: str):
     import torch
 
+    if device == "cpu" and isinstance(vectors, np.ndarray) and vectors.dtype == np.float32 \
+            and vectors.flags.c_contiguous:
+        with warnings.catch_warnings():  # a read-only memory map: torch warns that writes would be undefined; none are made
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(vectors)  # (N, d) over the same memory: no copy
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     out = torch.empty((int(vectors.shape[0]), int(vectors.shape[1])), dtype=dtype, device=device)
     start = 0

@@ -139,7 +139,9 @@ class Segment:
         if self.ann != "flat":
             self.faiss = self._read_faiss(path / FAISS_FILE, knobs)
         self.device_flat = None
-        if self.ann == "flat" and knobs.flat_device and not isinstance(self.embeddings, FaissRows):
+        if self.ann == "flat" and knobs.flat_device and not isinstance(self.embeddings, FaissRows) \
+                and (knobs.flat_device != "cpu" or self.embeddings.dtype == np.float32):
+            # on the CPU only a float32 map, searched where it lies; a float16 one would need a float32 copy in RAM
             self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu)
         self.lexical = LexicalSegment(path, self.rows) if m.lexical else None
         self.conn = connect_readonly(path / DOCS_FILE)

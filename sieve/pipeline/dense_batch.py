@@ -21,6 +21,7 @@ so a smaller group keeps FAISS's own choice.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -28,24 +29,33 @@ import numpy as np
 KEY = "dense"  # the runner's key: one runner for every index version (items carry theirs)
 BLAS_MIN_BATCH = 4  # queries from which FAISS's matrix-product kernel is cheaper per query on CPU (measured above)
 _default_threshold: list[int] = []  # FAISS's own threshold, read before the first change
+_threshold_set: dict[str, int] = {}  # the threshold this module last set (process-wide, as FAISS's)
+_per_thread = threading.local()
 
 
 def blas_kernel(on: bool) -> None:
-    """FAISS's exact search takes its matrix-product kernel for any batch (on) or as FAISS decides (off)."""
+    """FAISS's exact search takes its matrix-product kernel for any batch (on) or as FAISS decides (off); set only
+    when it changes (each call into FAISS hands the interpreter lock back and forth)."""
     import faiss
 
     if not _default_threshold:
         _default_threshold.append(faiss.cvar.distance_compute_blas_threshold)
-    faiss.cvar.distance_compute_blas_threshold = 1 if on else _default_threshold[0]
+    want = 1 if on else _default_threshold[0]
+    if _threshold_set.get("value") != want:
+        faiss.cvar.distance_compute_blas_threshold = want
+        _threshold_set["value"] = want
 
 
 def faiss_one_thread() -> None:
     """FAISS's OpenMP (and the OpenMP BLAS it calls) on one thread in the calling thread: OpenMP's thread count is
     per thread, so the limit set at start-up (service/components.py) does not reach a runner's thread, where
-    a team per batch would spin on cores the other requests need."""
+    a team per batch would spin on cores the other requests need. Once per thread."""
+    if getattr(_per_thread, "one_thread", False):
+        return
     import faiss
 
     faiss.omp_set_num_threads(1)
+    _per_thread.one_thread = True
 
 
 def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:

@@ -50,9 +50,11 @@ def _fuse_by_row(every: np.ndarray, shares: np.ndarray, size: int) -> tuple[np.n
     never = np.iinfo(np.int64).max
     scores, first = np.zeros(size, dtype=np.float64), np.full(size, never, dtype=np.int64)  # (size,) each
     np.add.at(scores, every, shares)  # in list order, as bincount sums
-    np.minimum.at(first, every, np.arange(len(every)))
-    hit = np.flatnonzero(first != never)
-    rows = hit[np.lexsort((first[hit], -scores[hit]))]  # best first; ties in order of first appearance
+    position = np.arange(len(every))
+    np.minimum.at(first, every, position)
+    rows = every[first[every] == position]  # each row once, in order of first appearance
+    rows = rows[np.argsort(-scores[rows], kind="stable")]  # best first; ties keep that order (one stable sort
+    # of one key: 33 us against 83 for a two-key lexsort of the ~970 rows of SciFact's two lists of 512)
     return rows, scores[rows].astype(np.float32)
 
 

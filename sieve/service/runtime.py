@@ -19,8 +19,11 @@ def searcher_options(settings: Settings) -> dict:
 
 
 def flat_device(settings: Settings, device) -> str | None:
-    """Where flat segments are searched: on the GPU of a CUDA server (index/device_flat.py), else FAISS on the CPU."""
-    return str(device) if settings.flat_search_on_device and device.type == "cuda" else None
+    """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server, with torch over the
+    memory-mapped vectors on a CPU one; None (SIEVE_FLAT_SEARCH_ON_DEVICE=false): FAISS's exact search."""
+    if not settings.flat_search_on_device:
+        return None
+    return str(device) if device.type == "cuda" else "cpu"
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:

@@ -59,3 +59,32 @@ def test_device_flat_search_on_its_own_matches_brute_force():
 @pytest.mark.parametrize("device,faiss_gpu", [("cpu", True), ("cpu", False), ("cuda", False)])
 def test_backend_is_torch_without_faiss_gpu(device, faiss_gpu):
     assert flat_backend(device, faiss_gpu) == "torch"  # faiss-gpu only on a CUDA device, and only when asked
+
+
+def test_on_the_cpu_a_float32_map_is_searched_where_it_lies_and_float16_stays_with_faiss(tmp_path, encoder):
+    """A CPU server searches flat segments with torch over the memory map itself (no copy: the tensor's memory is
+    the map's), and leaves a float16 index to FAISS (torch would need a float32 copy of it in RAM)."""
+    docs = make_docs(60)
+    build_index(docs, encoder, tmp_path / "f32", progress=False, lexical=PLAIN, faiss_kind="flat")
+    build_index(docs, encoder, tmp_path / "f16", progress=False, lexical=PLAIN, faiss_kind="flat", dtype="float16")
+    with SearchIndex.load(tmp_path / "f32", flat_device="cpu") as f32, \
+            SearchIndex.load(tmp_path / "f16", flat_device="cpu") as f16:
+        segment = f32._p.segments[0]
+        assert isinstance(segment.embeddings, np.memmap)
+        assert segment.device_flat.vectors.data_ptr() == segment.embeddings.ctypes.data  # the same pages
+        assert f16._p.segments[0].device_flat is None
+        queries = encoder.encode_queries(["w1 w2 w3", docs[7].full_text])
+        assert f32.search(queries, 5)[1][:, 0].tolist()[1] == 7
+        assert f16.search(queries, 5)[1][:, 0].tolist()[1] == 7
+
+
+def test_a_cpu_server_searches_flat_segments_with_torch_unless_told_not_to():
+    import torch
+
+    from sieve.service.config import Settings
+    from sieve.service.runtime import flat_device
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert flat_device(Settings(), cpu) == "cpu" and flat_device(Settings(), cuda) == "cuda"
+    off = Settings(flat_search_on_device=False)
+    assert flat_device(off, cpu) is None and flat_device(off, cuda) is None
