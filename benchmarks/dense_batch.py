@@ -68,7 +68,7 @@ def main() -> None:
             return list(search_batch([(on_torch, q, args.k) for q in queries]))
 
         kernels = {"FAISS's own choice": faiss_default, f"FAISS as served (matrix product from {BLAS_MIN_BATCH})": served,
-                   "torch over the memory map (served default)": served_torch}
+                   "torch over the memory map from 2 queries (served default)": served_torch}
         cells: dict = {(name, b): [] for name in kernels for b in batches}
         for r in range(args.rounds):
             for name, search in (kernels.items() if r % 2 == 0 else reversed(kernels.items())):

@@ -174,7 +174,9 @@ class Segment:
         return _keep_alive(scores, rows, alive, k)
 
     def _search_exact(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.device_flat is not None:  # the vectors resident on the serving device: one matmul + top-k there
+        if self.device_flat is not None and (len(q) > 1 or self.device_flat.device != "cpu"):
+            # the vectors on the serving device: one matmul + top-k there (on the CPU from 2 queries: one query alone
+            # costs torch 1.1x FAISS's own kernel, a batch 0.5-0.75x; benchmarks/dense_batch.py)
             return self.device_flat.search(q, k)
         if isinstance(self.embeddings, FaissRows):
             ivf = faiss.try_extract_index_ivf(self.embeddings.index)
