@@ -163,10 +163,10 @@ def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: 
     spent = {pid: cpu1[pid] - cpu0.get(pid, 0.0) for pid in cpu1}
     row = {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
            **measured([got], sum(spent.values()), load)}
-    if (side.workers or 1) > 1:  # what each process under the supervisor used: how evenly the load was spread
+    below = [v for pid, v in spent.items() if pid != side.proc.pid]
+    if len(below) > 1:  # workers under a supervisor (asked for, or the automatic count): how evenly the load spread
         seconds = row["duration_s"]
-        row["cores_by_process"] = sorted((round(v / seconds, 2) for pid, v in spent.items() if pid != side.proc.pid),
-                                         reverse=True)
+        row["cores_by_process"] = sorted((round(v / seconds, 2) for v in below), reverse=True)
     return row
 
 
