@@ -10,8 +10,14 @@ On a GPU the stored vectors stay on the device (index/device_flat.py) and a batc
 A runner (pipeline/batching.py) with no extra wait takes whatever requests have queued while it searched the last
 batch, so a lone request pays only the hand-off and a loaded server gets batches of the size its load makes.
 Requests of one batch are grouped by index version and k, so each gets exactly the list a search of its own would
-return, up to the kernel: FAISS's two kernels order equal scores alike and differ in a score's last bits (up to
-3e-6 seen), so two candidates whose scores are that close may trade places (tests/pipeline/test_dense_batch.py).
+return, up to the kernel: FAISS's two kernels (and torch's) order equal scores alike and differ in a score's last
+bits (up to 3e-6 seen), so two candidates whose scores are that close may trade places
+(tests/pipeline/test_dense_batch.py).
+
+On a CPU server a batch of 2 or more goes to torch's matrix product and top-k over the segment's memory map
+(index/device_flat.py, SIEVE_FLAT_SEARCH_ON_DEVICE): 0.52-0.75x FAISS's CPU per query for batches of 2-32 on the
+Intel Xeon host of the eleventh session; one query alone stays with FAISS's per-query kernel (torch 1.1x it). The
+settings below then apply to a lone query and to servers that turned that off.
 
 FAISS's exact search (`faiss.knn`) takes its matrix-product (BLAS) kernel when queries x rows reach a process-wide
 threshold (128,000 in faiss-cpu 1.13-1.15: for SciFact, 25 queries); below it, a per-query kernel. On CPU the
