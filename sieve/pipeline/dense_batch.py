@@ -34,8 +34,7 @@ import numpy as np
 
 KEY = "dense"  # the runner's key: one runner for every index version (items carry theirs)
 BLAS_MIN_BATCH = 4  # queries from which FAISS's matrix-product kernel is cheaper per query on CPU (measured above)
-_default_threshold: list[int] = []  # FAISS's own threshold, read before the first change
-_threshold_set: dict[str, int] = {}  # the threshold this module last set (process-wide, as FAISS's)
+_threshold: dict[str, int] = {}  # "default": FAISS's own, read before the first change; "set": the last one set here
 _per_thread = threading.local()
 
 
@@ -44,12 +43,11 @@ def blas_kernel(on: bool) -> None:
     when it changes (each call into FAISS hands the interpreter lock back and forth)."""
     import faiss
 
-    if not _default_threshold:
-        _default_threshold.append(faiss.cvar.distance_compute_blas_threshold)
-    want = 1 if on else _default_threshold[0]
-    if _threshold_set.get("value") != want:
-        faiss.cvar.distance_compute_blas_threshold = want
-        _threshold_set["value"] = want
+    if "default" not in _threshold:
+        _threshold["default"] = faiss.cvar.distance_compute_blas_threshold
+    want = 1 if on else _threshold["default"]
+    if _threshold.get("set") != want:
+        faiss.cvar.distance_compute_blas_threshold = _threshold["set"] = want
 
 
 def faiss_one_thread() -> None:
