@@ -24,13 +24,27 @@ threshold (128,000 in faiss-cpu 1.13-1.15: for SciFact, 25 queries); below it, a
 matrix product pays from about BLAS_MIN_BATCH queries and costs twice the per-query kernel for one query: the
 runner's thread (the only one that searches while a server batches) sets the threshold for each group it searches,
 so a smaller group keeps FAISS's own choice.
+
+**The search rides with the query's encoding** where it can: a first stage that will search with the bi-encoder's
+query vector says so before the query is encoded (`DenseSearch.want`), the query encoder's runner searches each
+batch it has just encoded (`encode_then_search`) and hands the request its vector and its candidates together. A
+request then waits on one runner instead of two: on the 2-core Zen 4 host of the twelfth session, a zero-cost
+/search took 0.88x the server CPU of searching in a runner of its own (one hand-off between threads less per
+request; RESULTS.md "Issue 32, twelfth session"). The separate runner remains for a vector that did not come from the
+encoder (the embedding cache) and for a search that failed inside the encoder's runner (tried again on its own, so
+its error, if any, is the request's own).
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+
+log = logging.getLogger("sieve.dense")
 
 KEY = "dense"  # the runner's key: one runner for every index version (items carry theirs)
 BLAS_MIN_BATCH = 4  # queries from which FAISS's matrix-product kernel is cheaper per query on CPU (measured above)
@@ -86,9 +100,51 @@ def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> Iterator[tuple
         raise failed
 
 
+@dataclass(frozen=True)
+class DenseWant:
+    """A first stage's vector search, asked for before the query is encoded: `index` (the request's version), `k`."""
+    index: Any
+    k: int
+
+
+@dataclass(frozen=True)
+class DenseHits:
+    """The top k of `want` for one encoded query, and the wall milliseconds its batch's searches took."""
+    want: DenseWant
+    scores: np.ndarray  # (k',)
+    rows: np.ndarray  # (k',)
+    ms: float
+
+
+def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, DenseHits | None]]:
+    """A query encoder runner's compute: items are query texts, or (text, DenseWant) for a query whose first stage
+    searches with this vector. Each item gets (vector, token count, DenseHits or None): None where nothing was
+    asked, and where the search failed (the request then searches on its own and meets the error there)."""
+    texts = [item if isinstance(item, str) else item[0] for item in items]
+    encoded = tower.encode_queries_counted(texts)
+    asked = [(n, item[1]) for n, item in enumerate(items) if not isinstance(item, str)]
+    found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    started = time.perf_counter()
+    if asked:
+        searches = [(want.index, encoded[n][0].float().cpu().numpy(), want.k) for n, want in asked]
+        try:
+            for j, hits in search_batch(searches):
+                found[asked[j][0]] = hits
+        except Exception:  # noqa: BLE001 - those requests search again on their own and get the error there
+            log.debug("a vector search inside the query encoder's batch failed", exc_info=True)
+    ms = (time.perf_counter() - started) * 1000
+    wants = dict(asked)
+    return [(vector, count, DenseHits(wants[n], *found[n], ms) if n in found else None)
+            for n, (vector, count) in enumerate(encoded)]
+
+
 def search_dense(dense, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:
-    """One query vector's top k (scores, rows), 1-D: through `dense` (a DenseSearch) when given, else the index
-    alone."""
+    """One query vector's top k (scores, rows), 1-D: the candidates found with the query's encoding when they are
+    this search's (`state.dense_hits`), else through `dense` (a DenseSearch) when given, else the index alone."""
+    hits = getattr(state, "dense_hits", None)
+    if hits is not None and hits.want.index is index and hits.want.k == k:
+        state.dense_hits = None
+        return hits.scores, hits.rows
     if dense is not None:
         return dense(index, vector, k, state)
     scores, rows = index.search(vector[None, :], k)
@@ -99,8 +155,14 @@ class DenseSearch:
     """`search(index, vector, k, state)` for a first stage: through the shared runner when batching is on, else
     the index's own search. `wait(future, state)` is the Searcher's bounded wait (never a thread held for good)."""
 
-    def __init__(self, runners, wait):
-        self.runners, self.wait = runners, wait
+    def __init__(self, runners, wait, with_encoding: bool = True):
+        """`with_encoding`: the search may ride with the query's encoding (`want`)."""
+        self.runners, self.wait, self.with_encoding = runners, wait, with_encoding
+
+    def want(self, index, k: int) -> DenseWant | None:
+        """What the query encoder's runner should search once it has the vector; None when batching is off (each
+        request then encodes and searches alone, as before) or searches do not ride with encodings."""
+        return DenseWant(index, k) if self.with_encoding and self.runners.config.enabled else None
 
     def __call__(self, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:
         if not self.runners.config.enabled:

@@ -81,8 +81,15 @@ class HybridRetrieve(FirstStage):
         self.config = config
         self.dense = dense
 
+    def depth(self) -> int:
+        return min(max(self.config.depth or self.k, 1), self.index.size)
+
+    def dense_want(self):
+        """The vector search this stage will make, for the query encoder's runner to make it (pipeline/dense_batch.py)."""
+        return None if self.dense is None else self.dense.want(self.index, self.depth())
+
     def __call__(self, state: QueryState) -> QueryState:
-        depth = min(max(self.config.depth or self.k, 1), self.index.size)
+        depth = self.depth()
         vector = state.query_vectors["be"].float().cpu().numpy()  # (d,)
         with state.timed("mips"):
             _, dense_rows = search_dense(self.dense, self.index, vector, depth, state)

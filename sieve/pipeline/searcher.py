@@ -12,6 +12,7 @@ import threading
 import time
 import unicodedata
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -23,7 +24,7 @@ from sieve.models.text_encoder import TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.batching import BatchConfig, Runners
 from sieve.pipeline.candidates import Candidates, ranked_scores
-from sieve.pipeline.dense_batch import DenseSearch
+from sieve.pipeline.dense_batch import DenseSearch, DenseWant, encode_then_search
 from sieve.pipeline.errors import EncoderTimeout, QueryTooLong, RequestError, StageUnavailable
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.pipeline.remote_ce import RemoteCrossEncoder
@@ -174,9 +175,11 @@ class Searcher:
                                    field="query", allowed=f"at most {limit} tokens (SIEVE_QUERY_MAX_LENGTH)")
             state.warnings.insert(0, f"query truncated from {n_tokens} to {limit} tokens")
 
-    def encode_query(self, state: QueryState, towers: dict[str, TextEncoder]) -> None:
+    def encode_query(self, state: QueryState, towers: dict[str, TextEncoder], dense: DenseWant | None = None) -> None:
         """One encoding per distinct tower (a CMC whose query tower is the bi-encoder shares its encoding), each
-        through its tower's batcher, all in flight at once; cached vectors skip the model."""
+        through its tower's batcher, all in flight at once; cached vectors skip the model. `dense`: the first
+        stage's vector search, done by the bi-encoder's batcher with the encoding (pipeline/dense_batch.py) and left
+        in `state.dense_hits`; its time is the "mips" timing, not the encoder's."""
         names_of: dict[int, list[str]] = {}
         for name, tower in towers.items():
             names_of.setdefault(id(tower), []).append(name)
@@ -186,16 +189,21 @@ class Searcher:
             tower = towers[names[0]]
             cached = self.embedding_cache if state.use_cache else None
             vector = cached.get(tower, state.query) if cached else None
-            future = None if vector is not None else self.query_runner(tower).submit(state.query)
+            item = (state.query, dense) if dense is not None and tower is self.biencoder else state.query
+            future = None if vector is not None else self.query_runner(tower).submit(item)
             pending.append((names, tower, vector, future))
         for names, tower, vector, future in pending:
+            searched_ms = 0.0
             if future is not None:
-                vector, n_tokens = self.awaited(future, state, "the query encoder gave no vector")
+                vector, n_tokens, hits = self.awaited(future, state, "the query encoder gave no vector")
+                if hits is not None:
+                    state.dense_hits, searched_ms = hits, hits.ms
+                    state.timings_ms["mips"] = state.timings_ms.get("mips", 0.0) + hits.ms
                 if tower is self.biencoder and state.query_tokens is None:
                     self.counted(state, n_tokens)
                 if self.embedding_cache:
                     self.embedding_cache.put(tower, state.query, vector)
-            state.timings_ms[f"{names[0]}_encode"] = (time.perf_counter() - started) * 1000
+            state.timings_ms[f"{names[0]}_encode"] = max((time.perf_counter() - started) * 1000 - searched_ms, 0.0)
             for name in names:
                 state.query_vectors[name] = vector
 
@@ -217,8 +225,9 @@ class Searcher:
         return vector
 
     def query_runner(self, tower: TextEncoder):
-        """Its batcher answers each query's (vector, token count)."""
-        return self.runners.get(f"query:{tower.name}:{id(tower)}", tower.encode_queries_counted)
+        """Its batcher answers each query's (vector, token count, DenseHits or None): an item is the query's text,
+        or (text, DenseWant) to have the vector searched in the same batch (pipeline/dense_batch.py)."""
+        return self.runners.get(f"query:{tower.name}:{id(tower)}", partial(encode_then_search, tower))
 
     def run(self, stages: Sequence[Stage], state: QueryState) -> QueryState:
         for stage in stages:
@@ -342,7 +351,8 @@ class Searcher:
             state.warnings.append(f"retrieve_k {retrieve_k} clamped to the index size {index.size}")
             retrieve_k = index.size
         stages = self.plan(checked, params, retrieve_k, index)
-        self.encode_query(state, self.towers(checked))
+        asks = getattr(stages[0], "dense_want", None)  # a first stage that searches with the bi-encoder's vector
+        self.encode_query(state, self.towers(checked), asks() if asks else None)
         if state.query_tokens is None:  # not encoded by the bi-encoder's batcher (a cached vector, BM25 alone)
             self.counted(state, self.biencoder.count_tokens(state.query))
         state = self.run(stages, state)

@@ -70,6 +70,10 @@ class Retrieve(FirstStage):
         super().__init__(index, k)
         self.dense = dense
 
+    def dense_want(self):
+        """The vector search this stage will make, for the query encoder's runner to make it (pipeline/dense_batch.py)."""
+        return None if self.dense is None else self.dense.want(self.index, self.k)
+
     def __call__(self, state: QueryState) -> QueryState:
         query = state.query_vectors["be"].float().cpu().numpy()  # (d,)
         with state.timed("mips"):

@@ -47,6 +47,8 @@ class QueryState:
     index: object | None = None  # the index version this request reads from start to end
     use_cache: bool = True  # False: the caller asked for fresh work (Cache-Control: no-cache), no cached vectors
     query_tokens: int | None = None  # the query's tokens for the bi-encoder, once counted (Searcher.counted)
+    dense_hits: object | None = None  # the first stage's vector search, done with the query's encoding (a DenseHits,
+    # pipeline/dense_batch.py); taken by the stage that asked for it
 
     @property
     def partial(self) -> bool:

@@ -18,12 +18,30 @@ def searcher_options(settings: Settings) -> dict:
             "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
 
 
-def flat_device(settings: Settings, device) -> str | None:
-    """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server, with torch over the
-    memory-mapped vectors on a CPU one; None (SIEVE_FLAT_SEARCH_ON_DEVICE=false): FAISS's exact search."""
+def flat_device(settings: Settings, device, vendor: str | None = None) -> str | None:
+    """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server; with torch over the
+    memory-mapped vectors on an Intel CPU; None (FAISS's exact search) on any other CPU and with
+    SIEVE_FLAT_SEARCH_ON_DEVICE=false. torch's matrix product is MKL's, whose fast kernels are Intel's: on the Intel
+    Xeon host of the eleventh session it cost 0.49-0.72x FAISS's CPU per query; on the AMD Zen 4 host of the twelfth,
+    1.25-1.4x FAISS's in a loaded server's vector search (RESULTS.md "Issue 32, twelfth session"). `vendor`: the CPU's vendor id
+    (read from /proc/cpuinfo when None)."""
     if not settings.flat_search_on_device:
         return None
-    return str(device) if device.type == "cuda" else "cpu"
+    if device.type == "cuda":
+        return str(device)
+    return "cpu" if (vendor if vendor is not None else cpu_vendor()) == "GenuineIntel" else None
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id ("GenuineIntel", "AuthenticAMD", ...), "" where /proc/cpuinfo does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:

@@ -78,13 +78,16 @@ def test_on_the_cpu_a_float32_map_is_searched_where_it_lies_and_float16_stays_wi
         assert f16.search(queries, 5)[1][:, 0].tolist()[1] == 7
 
 
-def test_a_cpu_server_searches_flat_segments_with_torch_unless_told_not_to():
+def test_an_intel_cpu_server_searches_flat_segments_with_torch_unless_told_not_to():
     import torch
 
     from sieve.service.config import Settings
-    from sieve.service.runtime import flat_device
+    from sieve.service.runtime import cpu_vendor, flat_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert flat_device(Settings(), cpu) == "cpu" and flat_device(Settings(), cuda) == "cuda"
+    assert flat_device(Settings(), cpu, "GenuineIntel") == "cpu" and flat_device(Settings(), cuda) == "cuda"
+    assert flat_device(Settings(), cpu, "AuthenticAMD") is None  # FAISS's kernel: MKL's product is slower there
+    assert flat_device(Settings(), cuda, "AuthenticAMD") == "cuda"
     off = Settings(flat_search_on_device=False)
-    assert flat_device(off, cpu) is None and flat_device(off, cuda) is None
+    assert flat_device(off, cpu, "GenuineIntel") is None and flat_device(off, cuda) is None
+    assert isinstance(cpu_vendor(), str)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sieve.pipeline.batching import BatchConfig, in_order
-from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, DenseSearch, search_batch
+from sieve.pipeline.dense_batch import BLAS_MIN_BATCH, DenseSearch, DenseWant, encode_then_search, search_batch
 from sieve.pipeline.errors import EncoderTimeout
 from sieve.pipeline.searcher import Searcher, SearchParams
 from tests.pipeline.stalled import Stalled
@@ -76,10 +76,73 @@ def test_concurrent_searches_agree_with_unbatched_ones(biencoder, demo):
         batched.runners.on_batch = lambda name, n: sizes.append((name, n))
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(batched.search, params))
-        assert any(name == "dense" for name, _ in sizes)  # the vector searches went through the runner
+        assert sizes and not any(name == "dense" for name, _ in sizes)  # every search rode with its query's encoding
+        assert all(name.startswith("query:") for name, _ in sizes)
     finally:
         batched.close()
         alone.close()
+
+
+def test_a_search_rides_with_the_encoding_unless_the_vector_was_cached(biencoder, demo):
+    """The query encoder's runner searches the vector it has just made (one wait, not two); its time is "mips", not
+    the encoder's. A vector from the embedding cache is searched by the vector-search runner, with the same result."""
+    class Cache:
+        def __init__(self):
+            self.vectors = {}
+
+        def get(self, tower, query):
+            return self.vectors.get(query)
+
+        def put(self, tower, query, vector):
+            self.vectors[query] = vector
+
+    searcher = Searcher(biencoder, demo, embedding_cache=Cache())
+    try:
+        batches = []
+        searcher.runners.on_batch = lambda name, n: batches.append(name)
+        params = SearchParams("volcano eruptions", top_k=10, retrieve_k=30, rerank="none", retriever="hybrid")
+        fresh = searcher.search(params)
+        assert not any(name == "dense" for name in batches)
+        assert fresh.state.dense_hits is None  # taken by the stage that asked for it
+        assert fresh.state.timings_ms["mips"] > 0 and "be_encode" in fresh.state.timings_ms
+        batches.clear()
+        cached = searcher.search(params)  # the vector from the cache: no encoding to ride with
+        assert batches == ["dense"]
+        assert cached.candidates.rows.tolist() == fresh.candidates.rows.tolist()
+    finally:
+        searcher.close()
+
+
+def test_a_search_that_fails_in_the_encoders_batch_is_made_again_on_its_own(biencoder, demo):
+    """A failing vector search does not fail the encoding it rode with: the vector comes back without candidates and
+    the request searches again through the vector-search runner (whose error, if the failure stays, is its own)."""
+    class FailsOnce:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):  # everything else is the demo index's
+            return getattr(demo, name)
+
+        def search(self, queries, k):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a passing fault")
+            return demo.search(queries, k)
+
+    flaky = FailsOnce()
+    vector = biencoder.encode_queries(["volcano"]).float().numpy()[0]
+    out = encode_then_search(biencoder, [("volcano", DenseWant(flaky, 5)), "tides"])
+    assert [len(item) for item in out] == [3, 3] and out[0][2] is None and out[1][2] is None  # vectors still answered
+    np.testing.assert_allclose(out[0][0].float().numpy(), vector, atol=1e-5)
+    searcher = Searcher(biencoder, demo)
+    try:
+        searcher.index = flaky
+        flaky.calls = 0
+        got = searcher.search(SearchParams("volcano", top_k=5, retrieve_k=5, cmc_k=5, rerank="none", retriever="be",
+                                          use_cache=False))
+        assert flaky.calls == 2 and got.candidates.rows.tolist() == demo.search(vector[None, :], 5)[1][0].tolist()
+    finally:
+        searcher.close()
 
 
 def test_a_failing_version_fails_only_its_own_requests(biencoder, demo):
@@ -114,7 +177,7 @@ def test_a_stalled_vector_search_ends_the_request(biencoder, demo):
     searcher = Searcher(biencoder, demo)
     stalled = StalledRunners(searcher.runners)
     searcher.options = searcher.options.__class__(searcher.options.batching, searcher.options.hybrid, {},
-                                                  DenseSearch(stalled, searcher.awaited))
+                                                  DenseSearch(stalled, searcher.awaited, with_encoding=False))
     try:
         started = time.monotonic()
         with pytest.raises(EncoderTimeout, match="vector search"):

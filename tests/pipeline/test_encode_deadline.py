@@ -60,6 +60,7 @@ def test_without_a_deadline_the_vector_is_waited_for(stalled, biencoder):
     worker.start()
     time.sleep(ENCODE_GRACE_S + 0.5)
     assert not done and runner.futures and not runner.futures[0].done()  # still waiting, past any grace
-    runner.futures[0].set_result(biencoder.encode_queries_counted(["volcano"])[0])  # (vector, token count)
+    runner.futures[0].set_result((*biencoder.encode_queries_counted(["volcano"])[0], None))  # (vector, token count,
+    # no vector search done with it: the stage searches on its own)
     worker.join(10)
     assert done and len(done[0].candidates) > 0
