@@ -164,7 +164,13 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
     response = search_response(outcome, body.return_documents, request_id)
     if outcome.partial:
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
-    elif caches.results:  # a partial answer is never cached: the next request may have the time for all of it
+    # a partial answer is never cached: the next request may have the time for all of it
+    elif caches.results and not feedback:  # serialised once, for the client and the cache (a hit replaces
+        # timings_ms, cached and request_id: above)
+        answer = to_json(response)
+        caches.results.put_json(key, answer)
+        return Response(answer, media_type="application/json")
+    elif caches.results:  # the answer as computed, before feedback's exploration may reorder the reply
         caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached", "request_id"}))
     if feedback:  # impressions are written by a background thread (sieve/feedback/recorder.py)
         response = feedback.on_search(request_id, body.query, response, outcome, explore)

@@ -22,6 +22,7 @@ def test_second_identical_search_is_a_cache_hit_with_the_same_answer(client):
     assert not first["cached"] and second["cached"]
     assert second["results"] == first["results"] and second["index_version"] == first["index_version"]
     assert second["timings_ms"].get("be_encode") is None and second["timings_ms"]["total"] >= 0
+    assert second["request_id"] and second["request_id"] != first["request_id"]  # the stored answer's own is not served
     assert counter(after, "sieve_cache_requests_total", cache="result", outcome="hit") == \
         counter(before, "sieve_cache_requests_total", cache="result", outcome="hit") + 1
 
