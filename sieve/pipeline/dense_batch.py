@@ -28,9 +28,9 @@ so a smaller group keeps FAISS's own choice.
 **The search rides with the query's encoding** where it can: a first stage that will search with the bi-encoder's
 query vector says so before the query is encoded (`DenseSearch.want`), the query encoder's runner searches each
 batch it has just encoded (`encode_then_search`) and hands the request its vector and its candidates together. A
-request then waits on one runner instead of two: on the 2-core Zen 4 host of the twelfth session, a zero-cost
-/search took 0.88x the server CPU of searching in a runner of its own (one hand-off between threads less per
-request; RESULTS.md "Issue 32, twelfth session"). The separate runner remains for a vector that did not come from the
+request then waits on one runner instead of two (one hand-off between threads less): on the 2-core Zen 4 host of the
+twelfth session a zero-cost /search took 0.89x the server CPU of searching in a runner of its own (2.01 against 2.27
+ms, medians of 4 interleaved rounds, the same kernel on both sides; RESULTS.md "Issue 32, twelfth session"). The separate runner remains for a vector that did not come from the
 encoder (the embedding cache) and for a search that failed inside the encoder's runner (tried again on its own, so
 its error, if any, is the request's own).
 """
