@@ -48,11 +48,16 @@ class Choice:
         return asdict(self)
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+def cpu_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The value of /proc/cpuinfo's first `name` line ("flags", "vendor_id", ...), "" where there is none."""
     if not cpuinfo.exists():
-        return set()
-    line = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
+        return ""
+    line = next((line for line in cpuinfo.read_text().splitlines() if line.split(":", 1)[0].strip() == name), "")
+    return line.split(":", 1)[-1].strip()
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    return set(cpu_field("flags", cpuinfo).split())
 
 
 def native_bf16() -> bool:

@@ -15,9 +15,10 @@ bits (up to 3e-6 seen), so two candidates whose scores are that close may trade 
 (tests/pipeline/test_dense_batch.py).
 
 On an Intel CPU server a batch of 2 or more goes to torch's matrix product and top-k over the segment's memory map
-(index/device_flat.py, SIEVE_FLAT_SEARCH_ON_DEVICE; other CPUs keep FAISS, cheaper there: service/runtime.py): 0.52-0.75x FAISS's CPU per query for batches of 2-32 on the
-Intel Xeon host of the eleventh session; one query alone stays with FAISS's per-query kernel (torch 1.1x it). The
-settings below then apply to a lone query and to servers that turned that off.
+(index/device_flat.py, SIEVE_FLAT_SEARCH_ON_DEVICE; other CPUs keep FAISS, cheaper there: service/runtime.py):
+0.52-0.75x FAISS's CPU per query for batches of 2-32 on the Intel Xeon host of the eleventh session; one query alone
+stays with FAISS's per-query kernel (torch 1.1x it). The settings below then apply to a lone query, to other CPUs and
+to servers that turned that off.
 
 FAISS's exact search (`faiss.knn`) takes its matrix-product (BLAS) kernel when queries x rows reach a process-wide
 threshold (128,000 in faiss-cpu 1.13-1.15: for SciFact, 25 queries); below it, a per-query kernel. On CPU the
@@ -30,9 +31,9 @@ query vector says so before the query is encoded (`DenseSearch.want`), the query
 batch it has just encoded (`encode_then_search`) and hands the request its vector and its candidates together. A
 request then waits on one runner instead of two (one hand-off between threads less): on the 2-core Zen 4 host of the
 twelfth session a zero-cost /search took 0.89x the server CPU of searching in a runner of its own (2.01 against 2.27
-ms, medians of 4 interleaved rounds, the same kernel on both sides; RESULTS.md "Issue 32, twelfth session"). The separate runner remains for a vector that did not come from the
-encoder (the embedding cache) and for a search that failed inside the encoder's runner (tried again on its own, so
-its error, if any, is the request's own).
+ms, medians of 4 interleaved rounds, the same kernel on both sides; RESULTS.md "Issue 32, twelfth session"). The
+separate runner remains for a vector that did not come from the encoder (the embedding cache) and for a search that
+failed inside the encoder's runner (tried again on its own, so its error, if any, is the request's own).
 """
 from __future__ import annotations
 
@@ -123,25 +124,24 @@ def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, Dens
     texts = [item if isinstance(item, str) else item[0] for item in items]
     encoded = tower.encode_queries_counted(texts)
     asked = [(n, item[1]) for n, item in enumerate(items) if not isinstance(item, str)]
-    found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    found: dict[int, tuple[DenseWant, np.ndarray, np.ndarray]] = {}  # item -> (want, scores, rows)
     started = time.perf_counter()
     if asked:
         searches = [(want.index, encoded[n][0].float().cpu().numpy(), want.k) for n, want in asked]
         try:
-            for j, hits in search_batch(searches):
-                found[asked[j][0]] = hits
+            for j, (scores, rows) in search_batch(searches):
+                found[asked[j][0]] = (asked[j][1], scores, rows)
         except Exception:  # noqa: BLE001 - those requests search again on their own and get the error there
             log.debug("a vector search inside the query encoder's batch failed", exc_info=True)
     ms = (time.perf_counter() - started) * 1000
-    wants = dict(asked)
-    return [(vector, count, DenseHits(wants[n], *found[n], ms) if n in found else None)
+    return [(vector, count, DenseHits(*found[n], ms) if n in found else None)
             for n, (vector, count) in enumerate(encoded)]
 
 
 def search_dense(dense, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:
     """One query vector's top k (scores, rows), 1-D: the candidates found with the query's encoding when they are
     this search's (`state.dense_hits`), else through `dense` (a DenseSearch) when given, else the index alone."""
-    hits = getattr(state, "dense_hits", None)
+    hits = state.dense_hits
     if hits is not None and hits.want.index is index and hits.want.k == k:
         state.dense_hits = None
         return hits.scores, hits.rows

@@ -85,7 +85,8 @@ class HybridRetrieve(FirstStage):
         return min(max(self.config.depth or self.k, 1), self.index.size)
 
     def dense_want(self):
-        """The vector search this stage will make, for the query encoder's runner to make it (pipeline/dense_batch.py)."""
+        """The vector search this stage will make, for the query encoder's runner to make with the encoding
+        (pipeline/dense_batch.py)."""
         return None if self.dense is None else self.dense.want(self.index, self.depth())
 
     def __call__(self, state: QueryState) -> QueryState:

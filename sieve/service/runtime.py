@@ -3,6 +3,7 @@ and deadline options, and opening the live index version with the same checks at
 from __future__ import annotations
 
 from sieve.index import SearchIndex
+from sieve.models.precision import cpu_field
 from sieve.pipeline.batching import BatchConfig
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.service.config import Settings
@@ -22,26 +23,14 @@ def flat_device(settings: Settings, device, vendor: str | None = None) -> str | 
     """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server; with torch over the
     memory-mapped vectors on an Intel CPU; None (FAISS's exact search) on any other CPU and with
     SIEVE_FLAT_SEARCH_ON_DEVICE=false. torch's matrix product is MKL's, whose fast kernels are Intel's: on the Intel
-    Xeon host of the eleventh session it cost 0.49-0.72x FAISS's CPU per query; on the AMD Zen 4 host of the twelfth,
-    1.25-1.4x FAISS's in a loaded server's vector search (RESULTS.md "Issue 32, twelfth session"). `vendor`: the CPU's vendor id
-    (read from /proc/cpuinfo when None)."""
+    Xeon host of the eleventh session it cost 0.49-0.72x FAISS's CPU per query; on the AMD Zen 4 host of the
+    twelfth, 1.25-1.4x FAISS's in a loaded server's vector search (RESULTS.md "Issue 32, twelfth session").
+    `vendor`: the CPU's vendor id (/proc/cpuinfo's when None)."""
     if not settings.flat_search_on_device:
         return None
     if device.type == "cuda":
         return str(device)
-    return "cpu" if (vendor if vendor is not None else cpu_vendor()) == "GenuineIntel" else None
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor id ("GenuineIntel", "AuthenticAMD", ...), "" where /proc/cpuinfo does not say."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return "cpu" if (vendor if vendor is not None else cpu_field("vendor_id")) == "GenuineIntel" else None
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:

@@ -82,7 +82,8 @@ def test_an_intel_cpu_server_searches_flat_segments_with_torch_unless_told_not_t
     import torch
 
     from sieve.service.config import Settings
-    from sieve.service.runtime import cpu_vendor, flat_device
+    from sieve.models.precision import cpu_field
+    from sieve.service.runtime import flat_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert flat_device(Settings(), cpu, "GenuineIntel") == "cpu" and flat_device(Settings(), cuda) == "cuda"
@@ -90,4 +91,4 @@ def test_an_intel_cpu_server_searches_flat_segments_with_torch_unless_told_not_t
     assert flat_device(Settings(), cuda, "AuthenticAMD") == "cuda"
     off = Settings(flat_search_on_device=False)
     assert flat_device(off, cpu, "GenuineIntel") is None and flat_device(off, cuda) is None
-    assert isinstance(cpu_vendor(), str)
+    assert isinstance(cpu_field("vendor_id"), str)
