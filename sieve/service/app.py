@@ -200,9 +200,7 @@ def create_app(settings: Settings | None = None,
         watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
-        workers.mark_ready(True)  # one of several worker processes: /readyz counts the markers (service/workers.py)
-        yield
-        workers.mark_ready(False)
+        yield  # one of several worker processes: ready once it listens (supervisor.WorkerServer, /readyz)
         app.state.updater.close()
         if app.state.feedback is not None:
             app.state.feedback.close()

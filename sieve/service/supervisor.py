@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import socket
 import sys
 import tempfile
+from multiprocessing.connection import wait
 from pathlib import Path
 
+import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from sieve.service import connections, workers
@@ -62,6 +65,46 @@ def migrate_req() -> int | None:
         return None
 
 
+class WorkerServer(uvicorn.Server):
+    """A worker's server: its readiness marker (/readyz) is there from the moment it listens until it stops
+    listening, not from the end of its app's start-up, a moment before it listens."""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            workers.mark_ready(True)
+
+    async def shutdown(self, sockets=None) -> None:
+        workers.mark_ready(False)
+        await super().shutdown(sockets)
+
+
+class WorkerProcess(Process):
+    """uvicorn's worker process, running a WorkerServer."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = WorkerServer(config=self.config)
+        return self._server
+
+
+def answers(process: Process, timeout: float) -> bool:
+    """Whether the worker is alive and answers the supervisor's ping within `timeout`. uvicorn's own check waits the
+    whole timeout for a worker that dies once pinged (the supervisor holds the pipe's other end too, so no EOF
+    comes): this one also wakes when the process exits, so a dead worker is replaced at once."""
+    if not process.process.is_alive():
+        return False
+    try:
+        process.parent_conn.send(b"ping")
+        if process.parent_conn not in wait([process.parent_conn, process.process.sentinel], timeout):
+            return False  # it exited, or it is hung
+        process.parent_conn.recv()
+        return True
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return False
+
+
 class Supervisor(Multiprocess):
     """`per_worker`: each worker listens on a socket of its own (SO_REUSEPORT), made here for it; else every worker
     shares `sockets`."""
@@ -74,12 +117,12 @@ class Supervisor(Multiprocess):
     def new_process(self) -> Process:
         """A started worker; with per_worker, on a new socket bound to the port the first one got."""
         if not self.per_worker:
-            process = Process(self.config, self.sockets)
+            process = WorkerProcess(self.config, self.sockets)
             process.start()
             return process
         sock = reuse_port_socket(self.config.host, self.port)
         try:
-            process = Process(self.config, [sock])
+            process = WorkerProcess(self.config, [sock])
             process.start()  # spawn: the socket is handed over (multiprocessing keeps a copy until the worker has it)
         finally:
             sock.close()  # so the socket lives as long as its worker: when the worker closes it or dies, the kernel
@@ -101,7 +144,7 @@ class Supervisor(Multiprocess):
         if self.should_exit.is_set():
             return
         for idx, process in enumerate(self.processes):
-            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+            if answers(process, self.config.timeout_worker_healthcheck):
                 continue
             process.kill()
             process.join()

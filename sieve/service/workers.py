@@ -13,8 +13,8 @@ service/app.py's worker_app is what each one runs.
   so a write acknowledged by one worker is read by the next request on any other.
 - Metrics: prometheus-client's multiprocess mode in a directory this supervisor makes (or PROMETHEUS_MULTIPROC_DIR
   when given, emptied at start); /metrics from any worker adds up every worker (service/metrics.py).
-- Readiness: each worker leaves a marker beside the metrics once its models are loaded; /readyz answers 200 only
-  while every worker is ready (service/routes.py).
+- Readiness: each worker leaves a marker beside the metrics while it listens (its models loaded); /readyz answers
+  200 only while every worker is ready (service/routes.py), a worker that died (even one not yet reaped) is not.
 - A worker that dies is replaced (uvicorn's supervisor restarts it); its live gauges and marker are removed here.
   What it had acknowledged is on disk already: a write is acknowledged only after its version is published.
 - SIGTERM (or SIGINT) to the supervisor: it closes its copy of the socket and sends SIGTERM to every worker, each of
@@ -119,13 +119,23 @@ def mark_ready(ready: bool) -> None:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs: one that exited and is not yet reaped by its parent (a zombie) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not zombie(pid)
+
+
+def zombie(pid: int) -> bool:
+    """An exited process its parent has not yet waited for: it still answers kill(pid, 0) (False without /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def ready_count() -> int:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from sieve.index import SearchIndex
+from sieve.service import workers
 from tests.server import Server
 
 WORKERS = 2
@@ -224,6 +225,10 @@ def test_a_killed_worker_is_replaced_and_no_acknowledged_write_is_lost(team):
     while len(writes.acked) < 6 and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(victim, signal.SIGKILL)
+    while workers.alive(victim) and not workers.zombie(victim):  # SIGKILL is delivered at once; wait for the exit
+        time.sleep(0.01)
+    with team.client() as c:  # dead, reaped by the supervisor or not: no longer counted as serving
+        assert c.get("/readyz").status_code == 503
     for t in threads:
         t.join(timeout=300)
     assert len(writes.acked) >= 6
