@@ -1,8 +1,9 @@
 """CPU per query of the first stage's exact vector search, alone and in batches (pipeline/dense_batch.py): FAISS
 over a served index's flat vectors with its own choice of kernel, and as a serving runner searches a batch
 (`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries), and torch's matrix product + top-k over the
-same memory-mapped vectors (index/device_flat.py on the CPU: what a CPU server searches with by default since the
-eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE). Interleaved rounds on one thread, FAISS, BLAS and torch on one
+same memory-mapped vectors (index/device_flat.py on the CPU: what an Intel CPU server searches with by default
+since the eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE); and, not served, torch's product over a bfloat16 copy (half
+the bytes read per query; its top-k would still need an exact re-scoring, not timed here). Interleaved rounds on one thread, FAISS, BLAS and torch on one
 thread (as a pinned worker's runner runs them); medians of CPU microseconds per query.
 
     .venv/bin/python benchmarks/dense_batch.py --index ../idx/scifact --out benchmarks/results/dense_batch_intel.json
@@ -67,8 +68,16 @@ def main() -> None:
         def served_torch(queries):
             return list(search_batch([(on_torch, q, args.k) for q in queries]))
 
+        halves = torch.from_numpy(np.asarray(index.embeddings(np.arange(index.size)), dtype=np.float32)).bfloat16()
+
+        def torch_bf16(queries):
+            with torch.inference_mode():
+                scores = torch.from_numpy(queries).bfloat16() @ halves.T
+                return torch.topk(scores, min(args.k, index.size), dim=1)
+
         kernels = {"FAISS's own choice": faiss_default, f"FAISS as served (matrix product from {BLAS_MIN_BATCH})": served,
-                   "torch over the memory map from 2 queries (served default)": served_torch}
+                   "torch over the memory map from 2 queries (served default)": served_torch,
+                   "torch bfloat16 copy (not served)": torch_bf16}
         cells: dict = {(name, b): [] for name in kernels for b in batches}
         for r in range(args.rounds):
             for name, search in (kernels.items() if r % 2 == 0 else reversed(kernels.items())):
