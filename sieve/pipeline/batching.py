@@ -1,6 +1,7 @@
 """Dynamic micro-batching: requests submit work items from many threads and wait on futures; one worker thread per
 model runs `compute(items)` over whatever has queued up (at most `max_size` items, waiting at most `max_wait_ms`
-for more after the first). Model work therefore never runs on the event loop, and concurrent requests share
+for more after the first, and only while a request in flight is not in the batch yet: `InFlight`, counted by the
+Searcher, so a lone request never waits for company that cannot come). Model work therefore never runs on the event loop, and concurrent requests share
 forward passes. A waiter that gives up (its deadline passed) cancels its future; a cancelled item that has not
 started is dropped before the forward pass, so it costs nothing.
 
@@ -39,11 +40,32 @@ class BatchConfig:
     direct_workers: int = 64  # threads computing items one by one when batching is off
 
 
+class InFlight:
+    """How many requests are in a Searcher's pipeline now (`with in_flight:` around each). A batcher waits for more
+    items only while there are more requests in flight than items in its batch: a request alone (one client, or
+    every other request already in the batch) is computed at once instead of after max_wait_ms."""
+
+    def __init__(self):
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> "InFlight":
+        with self.lock:
+            self.count += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.count -= 1
+
+
 class Batcher:
     def __init__(self, name: str, compute: Compute, max_size: int, max_wait_ms: float, on_batch: OnBatch | None = None,
-                 on_start: Callable[[], None] | None = None):
-        """`on_start`: called once in the worker thread before its first batch (service/pinning.py forward_team)."""
+                 on_start: Callable[[], None] | None = None, in_flight: InFlight | None = None):
+        """`on_start`: called once in the worker thread before its first batch (service/pinning.py forward_team).
+        `in_flight`: the requests that may still submit items (None: wait max_wait_ms whatever the load)."""
         self.on_start = on_start
+        self.in_flight = in_flight
         self.name = name
         self.compute = compute
         self.max_size = max_size
@@ -73,13 +95,19 @@ class Batcher:
         if self.thread is not threading.current_thread():
             self.thread.join(timeout_s)
 
+    def others_may_come(self, batched: int) -> bool:
+        """Whether a request in flight has no item in a batch of `batched` yet (a bound, not a count of this
+        runner's callers: a request past this stage or in another counts too)."""
+        return self.in_flight is None or self.in_flight.count > batched
+
     def collect(self, first) -> list:
         batch = [first]
         deadline = time.monotonic() + self.max_wait_s
         while len(batch) < self.max_size:
             try:
                 timeout = deadline - time.monotonic()
-                entry = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
+                wait = timeout > 0 and self.others_may_come(len(batch))
+                entry = self.queue.get(timeout=timeout) if wait else self.queue.get_nowait()
             except queue.Empty:
                 break
             if entry is None:
@@ -165,6 +193,7 @@ class Runners:
         # request (the service: service/pinning.py forward_team)
         self.on_thread_start: Callable[[], None] | None = None
         self.runners: dict[str, Batcher | Direct] = {}
+        self.in_flight = InFlight()  # the Searcher's requests (pipeline/searcher.py): how long a batch waits for more
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model",
                                        initializer=self.thread_started)
@@ -187,7 +216,7 @@ class Runners:
         hook = lambda name, n: self.on_batch and self.on_batch(name, n)  # noqa: E731 - read at call time
         if self.config.enabled:
             wait_ms = self.config.max_wait_ms if max_wait_ms is None else max_wait_ms
-            return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started)
+            return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started, self.in_flight)
         return Direct(key, compute, self.pool, hook)
 
     def close(self, join_s: float = CLOSE_JOIN_S) -> None:

@@ -340,6 +340,10 @@ class Searcher:
         return towers
 
     def search(self, params: SearchParams) -> Outcome:
+        with self.runners.in_flight:  # the batchers wait for company only while other requests are in flight
+            return self._search(params)
+
+    def _search(self, params: SearchParams) -> Outcome:
         started = time.perf_counter()
         state = self.new_state(params.query, params.timeout_ms, params.cancelled, count=False)
         index = state.index
@@ -373,6 +377,11 @@ class Searcher:
         """Any stage whose spec can rank the caller's texts (`rerank`). Out of time, CMC falls back to <query,
         candidate> order and the cross-encoder to the caller's order; when time runs out while texts are still
         being encoded, to the caller's order too. `max_tokens`: the most the models may read (413 past it)."""
+        with self.runners.in_flight:
+            return self._rerank(query, items, model, top_n, timeout_ms, max_tokens, cancelled)
+
+    def _rerank(self, query: str, items: Sequence[RerankItem], model: str, top_n: int, timeout_ms: int | None,
+                max_tokens: int | None, cancelled: threading.Event | None) -> Outcome:
         started = time.perf_counter()
         spec = registry.get(model)
         if spec is None or spec.rerank is None:

@@ -11,7 +11,7 @@ import torch
 
 from sieve.models.cmc import randomize_gates
 from sieve.models.cmc_checkpoint import untrained_cmc
-from sieve.pipeline.batching import Batcher, BatchConfig
+from sieve.pipeline.batching import Batcher, BatchConfig, InFlight
 from sieve.pipeline.packing import chunks_in_order, chunks_under_budget
 from sieve.pipeline.searcher import SearchParams, Searcher
 from sieve.pipeline.stages import CMCRerank, CrossEncoderRerank
@@ -93,6 +93,32 @@ def test_batcher_groups_concurrent_items_and_keeps_their_order():
     batcher.close()
 
 
+def test_a_batch_waits_for_more_only_while_a_request_in_flight_is_not_in_it():
+    """max_wait_ms is a minute: a request alone in flight is computed at once, two in flight are batched together
+    and computed as soon as both are in, and a third request in flight (say, in another stage) makes the batch wait
+    for it, up to max_wait_ms (here it comes)."""
+    sizes, in_flight = [], InFlight()
+    batcher = Batcher("t", lambda items: [x * 10 for x in items], max_size=8, max_wait_ms=60_000,
+                      on_batch=lambda name, n: sizes.append(n), in_flight=in_flight)
+    try:
+        with in_flight:
+            assert batcher.submit(1).result(30) == 10  # alone: no wait for company (it would take a minute)
+        with in_flight, in_flight:
+            first = batcher.submit(2)
+            time.sleep(0.2)
+            assert not first.done()  # the other request in flight may still send an item: the batch waits
+            assert batcher.submit(3).result(30) == 30 and first.result(30) == 20  # both in: computed at once
+        with in_flight, in_flight, in_flight:
+            first, second = batcher.submit(4), batcher.submit(5)
+            time.sleep(0.2)
+            assert not first.done()
+            third = batcher.submit(6)
+            assert [f.result(30) for f in (first, second, third)] == [40, 50, 60]
+        assert sizes == [1, 2, 3]
+    finally:
+        batcher.close()
+
+
 def test_batcher_drops_cancelled_items_and_reports_errors_to_every_waiter():
     seen = []
     gate, started = threading.Event(), threading.Event()
@@ -169,6 +195,33 @@ def test_concurrent_search_equals_sequential(biencoder, demo, enabled):
         assert max(n for _, n in batch_sizes) > 1, batch_sizes  # 8 threads at once: some batch holds several
     else:
         assert {n for _, n in batch_sizes} == {1}
+
+
+def test_a_searcher_counts_its_requests_in_flight(biencoder, demo):
+    """Searcher.search and .rerank hold the count the batchers read while they run, and release it when they fail;
+    one request alone is not held back by the batch wait (a minute here)."""
+    from sieve.pipeline.errors import RequestError
+    from sieve.pipeline.searcher import RerankItem
+
+    searcher = Searcher(biencoder, demo, untrained_cmc(biencoder, share_query_tower=True),
+                        batching=BatchConfig(max_wait_ms=60_000))
+    seen = []
+    original = searcher.encode_query
+
+    def spy(state, towers, dense=None):
+        seen.append(searcher.runners.in_flight.count)
+        return original(state, towers, dense)
+
+    searcher.encode_query = spy
+    try:
+        assert len(searcher.search(SearchParams("volcano lava eruption", top_k=3, cmc_k=10)).candidates) == 3
+        with pytest.raises(RequestError):
+            searcher.search(SearchParams("   ", top_k=3))  # empty query: refused
+        reranked = searcher.rerank("volcano", [RerankItem(text="lava flows"), RerankItem(text="bread")], "cmc", top_n=2)
+        assert len(reranked.candidates) == 2
+        assert seen == [1, 1] and searcher.runners.in_flight.count == 0
+    finally:
+        searcher.close()
 
 
 def test_closing_the_runners_waits_for_their_threads_to_end():
