@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     # throughput: micro-batching across concurrent requests (one worker thread per model)
     batching: bool = Field(True, description="Batch model work across concurrent requests; false = one forward pass per request.")
     batch_max_size: int = Field(32, ge=1, le=1024, description="Most requests in one batch.")
-    batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued).")
+    batch_max_wait_ms: float = Field(2.0, ge=0, le=1000, description="After the first request of a batch, wait this long for more (0 = take what is queued), and only while another request in flight in this process has no item in the batch yet: a request alone is computed at once.")
     cmc_batch_candidates: int = Field(16384, ge=1, description="CMC: queries x longest candidate list per forward pass.")
     ce_runtime: Literal["auto", "torch", "openvino"] = Field("auto", description="Cross-encoder runtime. auto: OpenVINO (bf16) on a CPU with native bf16 when precision is auto and the head converts, torch otherwise; openvino: OpenVINO in the precision's dtype (bf16 or fp32) on any CPU; torch: never OpenVINO. Rank-guarded like precision; /readyz says which runs.")
     ce_batch_tokens: int = Field(2048, ge=16, description="Cross-encoder: pairs x longest pair (tokens) per forward pass; also the most a request can run past its deadline in the cross-encoder (one pass: about 0.5 s on 2 CPU cores; 8192 once overran a 2 s deadline by 1.7 s on a loaded host, and on this CPU it scored no faster per token).")
