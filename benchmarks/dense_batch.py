@@ -1,10 +1,11 @@
 """CPU per query of the first stage's exact vector search, alone and in batches (pipeline/dense_batch.py): FAISS
 over a served index's flat vectors with its own choice of kernel, and as a serving runner searches a batch
 (`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries), and torch's matrix product + top-k over the
-same memory-mapped vectors (index/device_flat.py on the CPU: what an Intel CPU server searches with by default
-since the eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE); and, not served, torch's product over a bfloat16 copy (half
-the bytes read per query; its top-k would still need an exact re-scoring, not timed here). Interleaved rounds on one thread, FAISS, BLAS and torch on one
-thread (as a pinned worker's runner runs them); medians of CPU microseconds per query.
+same memory-mapped vectors (index/device_flat.py on the CPU: what an Intel CPU server searches with by default since
+the eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE); and, not served, torch's product over a bfloat16 copy (half the
+bytes read per query; its top-k would still need an exact re-scoring, not timed here). Interleaved rounds on one
+thread, FAISS, BLAS and torch on one thread (as a pinned worker's runner runs them); medians of CPU microseconds per
+query.
 
     .venv/bin/python benchmarks/dense_batch.py --index ../idx/scifact --out benchmarks/results/dense_batch_intel.json
 """
