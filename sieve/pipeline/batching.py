@@ -61,11 +61,12 @@ class InFlight:
 
 class Batcher:
     def __init__(self, name: str, compute: Compute, max_size: int, max_wait_ms: float, on_batch: OnBatch | None = None,
-                 on_start: Callable[[], None] | None = None, in_flight: InFlight | None = None):
+                 on_start: Callable[[], None] | None = None, in_flight: Callable[[], int] | None = None):
         """`on_start`: called once in the worker thread before its first batch (service/pinning.py forward_team).
-        `in_flight`: the requests that may still submit items (None: wait max_wait_ms whatever the load)."""
+        `in_flight`: how many requests may still submit items (None: wait max_wait_ms whatever the load)."""
         self.on_start = on_start
         self.in_flight = in_flight
+        self.last_size = 0  # items in the last batch
         self.name = name
         self.compute = compute
         self.max_size = max_size
@@ -96,9 +97,11 @@ class Batcher:
             self.thread.join(timeout_s)
 
     def others_may_come(self, batched: int) -> bool:
-        """Whether a request in flight has no item in a batch of `batched` yet (a bound, not a count of this
-        runner's callers: a request past this stage or in another counts too)."""
-        return self.in_flight is None or self.in_flight.count > batched
+        """Whether to wait for more items in a batch of `batched`: while a request in flight has none in it (a
+        bound, not a count of this runner's callers: a request past this stage or in another counts too), or while it
+        holds fewer than the last batch: requests that shared a forward pass finish together and come back together,
+        the second a moment behind the first, before the server counts it (so two clients in step keep sharing)."""
+        return self.in_flight is None or self.last_size > batched or self.in_flight() > batched
 
     def collect(self, first) -> list:
         batch = [first]
@@ -123,7 +126,9 @@ class Batcher:
             first = self.queue.get()
             if first is None:
                 return
-            live = [(item, fut) for item, fut in self.collect(first) if fut.set_running_or_notify_cancel()]
+            batch = self.collect(first)
+            self.last_size = len(batch)
+            live = [(item, fut) for item, fut in batch if fut.set_running_or_notify_cancel()]
             if live:
                 self.run(live)
 
@@ -194,6 +199,9 @@ class Runners:
         self.on_thread_start: Callable[[], None] | None = None
         self.runners: dict[str, Batcher | Direct] = {}
         self.in_flight = InFlight()  # the Searcher's requests (pipeline/searcher.py): how long a batch waits for more
+        # the server's requests admitted and not yet answered (service/app.py: protection.Admission's count), set
+        # before the first request
+        self.admitted: Callable[[], int] | None = None
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=config.direct_workers, thread_name_prefix="model",
                                        initializer=self.thread_started)
@@ -208,6 +216,13 @@ class Runners:
                     runner = self.runners[key] = self.make(key, compute, max_wait_ms)
         return runner
 
+    def requests_in_flight(self) -> int:
+        """What a batch waits for (Batcher.others_may_come): the server's admitted requests when it counts them
+        (from the moment a request's body is read, so one right behind another already counts when the first
+        reaches a batcher: two clients in step keep sharing forward passes), else those inside the Searcher."""
+        admitted = self.admitted
+        return self.in_flight.count if admitted is None else max(self.in_flight.count, admitted())
+
     def thread_started(self) -> None:
         if self.on_thread_start is not None:
             self.on_thread_start()
@@ -216,7 +231,8 @@ class Runners:
         hook = lambda name, n: self.on_batch and self.on_batch(name, n)  # noqa: E731 - read at call time
         if self.config.enabled:
             wait_ms = self.config.max_wait_ms if max_wait_ms is None else max_wait_ms
-            return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started, self.in_flight)
+            return Batcher(key, compute, self.config.max_size, wait_ms, hook, self.thread_started,
+                           self.requests_in_flight)
         return Direct(key, compute, self.pool, hook)
 
     def close(self, join_s: float = CLOSE_JOIN_S) -> None:

@@ -106,6 +106,7 @@ def start_services(app: FastAPI, settings: Settings, components: Components) -> 
     searcher.embedding_cache = state.caches.embeddings
     searcher.runners.on_batch = metrics.observe_batch
     searcher.runners.on_thread_start = forward_team  # SIEVE_PIN_INTERPRETER: forwards on the whole share
+    searcher.runners.admitted = lambda: state.admission.count  # a batch waits for more only while some may come
     if searcher.remote_ce is not None:  # the "ce" stage on another server: its calls and breaker
         metrics.watch_remote_ce(searcher.remote_ce)
     state.auth = Authenticator(settings.keys())

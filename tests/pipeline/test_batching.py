@@ -99,7 +99,7 @@ def test_a_batch_waits_for_more_only_while_a_request_in_flight_is_not_in_it():
     for it, up to max_wait_ms (here it comes)."""
     sizes, in_flight = [], InFlight()
     batcher = Batcher("t", lambda items: [x * 10 for x in items], max_size=8, max_wait_ms=60_000,
-                      on_batch=lambda name, n: sizes.append(n), in_flight=in_flight)
+                      on_batch=lambda name, n: sizes.append(n), in_flight=lambda: in_flight.count)
     try:
         with in_flight:
             assert batcher.submit(1).result(30) == 10  # alone: no wait for company (it would take a minute)
@@ -195,6 +195,23 @@ def test_concurrent_search_equals_sequential(biencoder, demo, enabled):
         assert max(n for _, n in batch_sizes) > 1, batch_sizes  # 8 threads at once: some batch holds several
     else:
         assert {n for _, n in batch_sizes} == {1}
+
+
+def test_a_server_that_counts_its_admitted_requests_has_the_batches_wait_for_them():
+    """A request admitted by the server but not yet in the Searcher counts (the larger of the two counts)."""
+    from sieve.pipeline.batching import Runners
+
+    runners = Runners(BatchConfig())
+    try:
+        assert runners.requests_in_flight() == 0
+        with runners.in_flight:
+            assert runners.requests_in_flight() == 1
+            runners.admitted = lambda: 3
+            assert runners.requests_in_flight() == 3
+            runners.admitted = lambda: 0  # a library caller beside the server's requests: still counted
+            assert runners.requests_in_flight() == 1
+    finally:
+        runners.close()
 
 
 def test_a_searcher_counts_its_requests_in_flight(biencoder, demo):
