@@ -197,6 +197,26 @@ def test_concurrent_search_equals_sequential(biencoder, demo, enabled):
         assert {n for _, n in batch_sizes} == {1}
 
 
+def test_after_a_shared_batch_a_lone_item_waits_for_the_company_that_comes_back():
+    """Two requests that shared a batch finish together and come back together, the second counted a moment after
+    the first reached the batcher: a batch holding fewer items than the last one waits for more (up to max_wait_ms),
+    then goes as soon as it holds as many."""
+    sizes, flight = [], [2]
+    batcher = Batcher("t", lambda items: [x * 10 for x in items], max_size=8, max_wait_ms=60_000,
+                      on_batch=lambda name, n: sizes.append(n), in_flight=lambda: flight[0])
+    try:
+        first = batcher.submit(1)
+        assert batcher.submit(2).result(30) == 20 and first.result(30) == 10  # both in flight in: at once
+        flight[0] = 1  # the second request is not counted yet
+        again = batcher.submit(3)
+        time.sleep(0.2)
+        assert not again.done()  # the last batch had two: wait for the other
+        assert batcher.submit(4).result(30) == 40 and again.result(30) == 30
+        assert sizes == [2, 2]
+    finally:
+        batcher.close()
+
+
 def test_a_server_that_counts_its_admitted_requests_has_the_batches_wait_for_them():
     """A request admitted by the server but not yet in the Searcher counts (the larger of the two counts)."""
     from sieve.pipeline.batching import Runners
