@@ -1,7 +1,7 @@
 """Dynamic micro-batching: requests submit work items from many threads and wait on futures; one worker thread per
 model runs `compute(items)` over whatever has queued up (at most `max_size` items, waiting at most `max_wait_ms`
-for more after the first, and only while a request in flight is not in the batch yet: `InFlight`, counted by the
-Searcher, so a lone request never waits for company that cannot come). Model work therefore never runs on the event
+for more after the first, and only while company may come: `Batcher.others_may_come`, from the requests in flight
+(`InFlight`, counted by the Searcher) and the last batch's size, so a lone request is not held back). Model work therefore never runs on the event
 loop, and concurrent requests share forward passes. A waiter that gives up (its deadline passed) cancels its future;
 a cancelled item that has not started is dropped before the forward pass, so it costs nothing.
 
@@ -41,9 +41,8 @@ class BatchConfig:
 
 
 class InFlight:
-    """How many requests are in a Searcher's pipeline now (`with in_flight:` around each). A batcher waits for more
-    items only while there are more requests in flight than items in its batch: a request alone (one client, or
-    every other request already in the batch) is computed at once instead of after max_wait_ms."""
+    """How many requests are in a Searcher's pipeline now (`with in_flight:` around each): one of what a batcher
+    reads to decide whether more items may still come (Batcher.others_may_come)."""
 
     def __init__(self):
         self.count = 0
