@@ -1,9 +1,10 @@
 """Dynamic micro-batching: requests submit work items from many threads and wait on futures; one worker thread per
 model runs `compute(items)` over whatever has queued up (at most `max_size` items, waiting at most `max_wait_ms`
 for more after the first, and only while company may come: `Batcher.others_may_come`, from the requests in flight
-(`InFlight`, counted by the Searcher) and the last batch's size, so a lone request is not held back). Model work therefore never runs on the event
-loop, and concurrent requests share forward passes. A waiter that gives up (its deadline passed) cancels its future;
-a cancelled item that has not started is dropped before the forward pass, so it costs nothing.
+(`InFlight`, counted by the Searcher) and the last batch's size, so a lone request is not held back). Model work
+therefore never runs on the event loop, and concurrent requests share forward passes. A waiter that gives up (its
+deadline passed) cancels its future; a cancelled item that has not started is dropped before the forward pass, so
+it costs nothing.
 
 Replies as soon as each request is done: `compute` may return an iterator of (item index, result) pairs instead of
 the list, yielding each item as soon as its own rows are scored (a stage's `compute_each`); the batcher answers
