@@ -113,7 +113,11 @@ def test_readyz_coverage_and_a_live_swap_to_a_newly_published_adapted_cmc(index_
             assert not new["cached"], "a result of the old CMC was served from the cache"
             assert scores(new) != scores(old)
             fresh = client.post("/search", json=QUERY, headers={"Cache-Control": "no-cache"}).json()
-            assert scores(new) == scores(fresh)  # the new model's answer
+            # the new model's answer: the same ids, scores equal up to float32 rounding (the fresh query vector is
+            # encoded again, alone; on a host whose kernels depend on the batch's shape (oneDNN with AMX) the two
+            # encodings may differ in their last bits: 91.7419 against 91.7418 seen)
+            assert [i for i, _ in scores(new)] == [i for i, _ in scores(fresh)]
+            assert [s for _, s in scores(new)] == pytest.approx([s for _, s in scores(fresh)], rel=1e-5, abs=1e-3)
             assert not client.post("/admin/index/reload").json()["cmc_changed"]  # nothing new: no second swap
             metrics = client.get("/metrics").text
             assert f'sieve_cmc_info{{name="{NAME}",source="adapted",version="{second.name}"}} 1.0' in metrics
