@@ -135,65 +135,78 @@ class LexicalSegment:
         lo, hi = int(self.indptr[tid]), int(self.indptr[tid + 1])
         return np.asarray(self.docs[lo:hi], dtype=np.int64), np.asarray(self.tfs[lo:hi], dtype=np.float32)
 
-    def postings_of(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every posting of `terms` at once, term by term: (local rows, term frequencies, position in `terms`)."""
+    def positions_of(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Where every posting of `terms` lies in this segment's postings, term by term: (positions, position of its
+        term in `terms`)."""
         known = [(i, tid) for i, tid in enumerate(map(self.vocab.get, terms)) if tid is not None]
         if not known:
-            return np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+            return np.empty(0, np.int64), np.empty(0, np.int64)
         which, tids = np.array(known, dtype=np.int64).T  # (T,), (T,)
         lo, n = self.indptr[tids], self.indptr[tids + 1] - self.indptr[tids]  # (T,)
         at = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))  # (P,) positions in the postings
-        return self.docs[at].astype(np.int64), self.tfs[at].astype(np.float32), np.repeat(which, n)
+        return at, np.repeat(which, n)
+
+    def tf_norm(self, k1: float, b: float, avgdl: float) -> np.ndarray:
+        """(postings,) float32: each posting's tf / (tf + k1 (1 - b + b len / avgdl)), BM25's term-frequency part."""
+        tfs, lens = self.tfs.astype(np.float32), self.doc_len[self.docs].astype(np.float32)
+        return tfs / (tfs + k1 * (1 - b + b * lens / avgdl))
 
 
 @dataclass(frozen=True)
 class LiveStats:
-    """The live rows of a version, as BM25 needs them: which physical rows count, and their total length."""
+    """The live rows of a version, as BM25 needs them: which physical rows count, their total length, and each
+    segment's length-normalised term frequencies (`tf_norm`), which depend on the average length and so on the
+    version."""
     alive: np.ndarray | None  # (total physical rows,) bool, None = every row is live
     count: int
     total_len: float
+    tf_norm: tuple[np.ndarray, ...] = ()  # per segment, (postings,) float32: tf / (tf + k1 (1 - b + b len / avgdl))
 
 
-def live_stats(segments: Sequence[LexicalSegment], alive: np.ndarray | None) -> LiveStats:
+def live_stats(segments: Sequence[LexicalSegment], alive: np.ndarray | None,
+               config: LexicalConfig = LexicalConfig()) -> LiveStats:
+    """Computed once per version as it loads (O(postings), 4 ms for SciFact's 0.5 M postings; 4 bytes of memory per
+    posting), so a query multiplies one stored factor per posting instead of normalising every posting again."""
     lengths = np.concatenate([np.asarray(s.doc_len, dtype=np.float64) for s in segments])
     count = len(lengths) if alive is None else int(alive.sum())
     total = float(lengths.sum() if alive is None else lengths[alive].sum())
-    return LiveStats(alive, count, total)
+    avgdl = max(total / count, 1e-9) if count else 1.0
+    return LiveStats(alive, count, total, tuple(s.tf_norm(config.k1, config.b, avgdl) for s in segments))
 
 
 def bm25_scores(analyzer: Analyzer, segments: Sequence[LexicalSegment], offsets: Sequence[int], stats: LiveStats,
                 query: str) -> np.ndarray:
     """BM25 of every physical row for `query` (0 for deleted rows and rows sharing no term): Lucene's idf over the
-    live documents of all segments."""
+    live documents of all segments, times each posting's `stats.tf_norm`."""
     total_rows = offsets[-1] + len(segments[-1].doc_len) if segments else 0
     out = np.zeros(total_rows, dtype=np.float32)
     counted = _counted(analyzer.terms([query])[0])
     if stats.count == 0 or not counted:
         return out
-    k1, b, avgdl = analyzer.config.k1, analyzer.config.b, max(stats.total_len / stats.count, 1e-9)
-    rows, tfs, lens, term = _postings(segments, offsets, list(counted))  # (P,) each, term by term
+    rows, norms, term = _postings(segments, offsets, stats.tf_norm, list(counted))  # (P,) each, term by term
     if stats.alive is not None:
         keep = stats.alive[rows]
-        rows, tfs, lens, term = rows[keep], tfs[keep], lens[keep], term[keep]
+        rows, norms, term = rows[keep], norms[keep], term[keep]
     df = np.bincount(term, minlength=len(counted))  # (T,) live documents holding each term
     idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))  # (T,)
-    times = np.fromiter(counted.values(), np.float64, len(counted))  # (T,)
-    score = (times[term] * idf[term] * tfs / (tfs + k1 * (1 - b + b * lens / avgdl))).astype(np.float32)  # (P,)
+    weight = np.fromiter(counted.values(), np.float64, len(counted)) * idf  # (T,) times the term is in the query
+    score = (weight[term] * norms).astype(np.float32)  # (P,)
     np.add.at(out, rows, score)  # in float32, term after term: the sums a loop over the terms makes
     return out
 
 
-def _postings(segments: Sequence[LexicalSegment], offsets: Sequence[int], terms: list[str]):
-    """(physical rows, tfs, document lengths, term position) of every posting of `terms`, ordered by term."""
+def _postings(segments: Sequence[LexicalSegment], offsets: Sequence[int], tf_norm: Sequence[np.ndarray],
+              terms: list[str]):
+    """(physical rows, normalised term frequencies, term position) of every posting of `terms`, ordered by term."""
     parts = []
-    for seg, offset in zip(segments, offsets):
-        local, tf, term = seg.postings_of(terms)
-        parts.append((local + offset, tf, seg.doc_len[local].astype(np.float32), term))
-    rows, tfs, lens, term = (np.concatenate(column) for column in zip(*parts))
+    for seg, offset, norm in zip(segments, offsets, tf_norm):
+        at, term = seg.positions_of(terms)
+        parts.append((seg.docs[at].astype(np.int64) + offset, norm[at], term))
+    rows, norms, term = (np.concatenate(column) if len(parts) > 1 else column[0] for column in zip(*parts))
     if len(parts) > 1:  # segment after segment -> term after term, each term's postings in segment order
         order = np.argsort(term, kind="stable")
-        rows, tfs, lens, term = rows[order], tfs[order], lens[order], term[order]
-    return rows, tfs, lens, term
+        rows, norms, term = rows[order], norms[order], term[order]
+    return rows, norms, term
 
 
 def _counted(terms: list[str]) -> dict[str, int]:
@@ -210,7 +223,7 @@ class LexicalIndex:
         self.config = config
         self.analyzer = Analyzer(config)
         self.segment = LexicalSegment(version_dir, count)
-        self.stats = live_stats([self.segment], None)
+        self.stats = live_stats([self.segment], None, config)
         self.count = count
 
     def scores(self, query: str) -> np.ndarray:

@@ -72,7 +72,7 @@ def _open_parts(vdir: Path, check: Callable[[Manifest], None], knobs: SearchKnob
     parts = _Parts(m, segments, offsets, alive, seg_alive, l2p, p2l)
     if m.lexical:
         parts.lexical = Analyzer(LexicalConfig.from_dict(m.lexical))
-        parts.lexical_stats = live_stats([s.lexical for s in segments], alive)
+        parts.lexical_stats = live_stats([s.lexical for s in segments], alive, parts.lexical.config)
     return parts
 
 
