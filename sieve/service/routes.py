@@ -25,7 +25,8 @@ from sieve.service.errors import error_body
 from sieve.service.limits import Limits, cpu_limits
 from sieve.service.metrics import Metrics
 from sieve.service.protection import RateLimited, Unauthorized
-from sieve.service.responses import cohere_rerank_response, json_response, rerank_response, search_response, to_json
+from sieve.service.responses import (body_json, cohere_rerank_response, json_response, rerank_response,
+                                     response_model, search_body, to_json)
 
 router = APIRouter()
 # 503: encoder_timeout (/search, /rerank), write_pending (writes), index_unavailable (Qdrant), models still loading
@@ -161,20 +162,20 @@ def search(body: schemas.SearchRequest, request: Request, components: Components
         return json_response(feedback.on_search(request_id, body.query, response) if feedback else response)
     outcome = searcher.search(params)
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
-    response = search_response(outcome, body.return_documents, request_id)
-    if outcome.partial:
+    answer = search_body(outcome, body.return_documents, request_id)
+    if outcome.partial:  # a partial answer is never cached: the next request may have the time for all of it
         metrics.partial.labels(endpoint="/search", skipped=",".join(outcome.state.skipped)).inc()
-    # a partial answer is never cached: the next request may have the time for all of it
-    elif caches.results and not feedback:  # serialised once, for the client and the cache (a hit replaces
-        # timings_ms, cached and request_id: above)
-        answer = to_json(response)
-        caches.results.put_json(key, answer)
-        return Response(answer, media_type="application/json")
-    elif caches.results:  # the answer as computed, before feedback's exploration may reorder the reply
+    if not feedback:  # serialised once, for the client and the cache (a hit replaces timings_ms, cached and
+        # request_id: above)
+        data = body_json(answer)
+        if caches.results and not outcome.partial:
+            caches.results.put_json(key, data)
+        return Response(data, media_type="application/json")
+    response = response_model(answer)
+    if caches.results and not outcome.partial:  # the answer as computed, before exploration may reorder the reply
         caches.results.put_json(key, to_json(response, exclude={"timings_ms", "cached", "request_id"}))
-    if feedback:  # impressions are written by a background thread (sieve/feedback/recorder.py)
-        response = feedback.on_search(request_id, body.query, response, outcome, explore)
-    return json_response(response)
+    # impressions are written by a background thread (sieve/feedback/recorder.py)
+    return json_response(feedback.on_search(request_id, body.query, response, outcome, explore))
 
 
 def rerank_items(body: schemas.RerankRequest) -> list[RerankItem]:

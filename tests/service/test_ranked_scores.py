@@ -11,7 +11,7 @@ import sieve.stages  # noqa: F401 - registers the stages whose score columns ran
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.searcher import Outcome
 from sieve.pipeline.state import QueryState
-from sieve.service.responses import rerank_response, search_response
+from sieve.service.responses import body_json, rerank_response, search_body, search_response
 
 NAN = math.nan
 
@@ -71,6 +71,25 @@ def test_the_search_answer_built_without_validation_is_what_the_schema_validates
     assert to_json(built) == to_json(validated)
     assert schemas.SearchResponse.model_validate_json(to_json(built)) == validated
     assert all(type(h.score) is float and type(h.rank) is int for h in built.results)
+
+
+def test_the_plain_answer_serialises_byte_for_byte_as_the_schema():
+    """The route serialises `search_body`'s plain values (no models): the bytes must be those of the response model
+    validated from the same values (NaN as null, documents, warnings, a partial answer, a request id)."""
+    from sieve.service import schemas
+    from sieve.service.responses import to_json
+
+    raw = {"retrieve": [0.9, 0.8, 0.7], "be": [0.5, NAN, 0.25], "bm25": [3.0, 0.0, 1.5], "cmc": [2.0, 1.0, NAN]}
+    for texts in (None, ["first", "zweite \u00fc", "\u4e09"]):
+        out = outcome(raw, ["retrieve", "cmc"], skipped=("ce",))
+        out.candidates.texts = texts
+        out.state.warnings.append("query truncated from 300 to 256 tokens")
+        out.state.timings_ms.update({"total": 1.5, "cmc": 0.25})
+        body = search_body(out, return_documents=texts is not None, request_id="abc")
+        validated = schemas.SearchResponse.model_validate(body)
+        assert body_json(body) == to_json(validated)
+        assert to_json(search_response(out, texts is not None, "abc")) == to_json(validated)
+    assert validated.partial and validated.results[1].scores["be"] is None and validated.results[2].document.text == "\u4e09"
 
 
 def test_a_list_its_last_stage_scored_whole_gets_that_stages_scores_never_rising():
