@@ -92,3 +92,19 @@ def test_an_intel_cpu_server_searches_flat_segments_with_torch_unless_told_not_t
     off = Settings(flat_search_on_device=False)
     assert flat_device(off, cpu, "GenuineIntel") is None and flat_device(off, cuda) is None
     assert isinstance(cpu_field("vendor_id"), str)
+
+
+@pytest.mark.parametrize("k", [1, 7, 999, 1000])
+def test_top_k_is_torch_topk(k):
+    """The CPU's top-k (numpy's partition, then a sort of the k) against torch.topk: the same scores best first, the
+    same columns where no two scores tie, every k up to the whole row."""
+    import torch
+
+    from sieve.index.device_flat import top_k
+
+    scores = np.random.default_rng(1).standard_normal((5, 1000)).astype(np.float32)
+    got_s, got_c = top_k(scores, k)
+    want = torch.topk(torch.from_numpy(scores), k, dim=1, largest=True, sorted=True)
+    np.testing.assert_array_equal(got_s, want.values.numpy())
+    np.testing.assert_array_equal(got_c, want.indices.numpy())
+    assert got_s.shape == got_c.shape == (5, k)
