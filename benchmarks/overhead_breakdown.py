@@ -32,7 +32,7 @@ TIMED = [("sieve.pipeline.searcher", "Searcher.search"), ("sieve.pipeline.search
          ("sieve.index.search_index", "SearchIndex.embeddings"),
          ("sieve.pipeline.first_stage", "rrf_fuse"), ("sieve.pipeline.first_stage", "top_positive"),
          ("sieve.pipeline.stages", "CMCRerank.prepare"), ("sieve.pipeline.stages", "features"),
-         ("sieve.pipeline.stages", "CMCRerank.finish"), ("sieve.service.routes", "search_response"),
+         ("sieve.pipeline.stages", "CMCRerank.finish"), ("sieve.service.routes", "search_body"),
          ("sieve.pipeline.batching", "Batcher.run"), ("sieve.models.text_encoder", "TextEncoder.encode_queries")]
 SPENT: collections.Counter = collections.Counter()
 
