@@ -67,7 +67,7 @@ class DeviceFlat:
                     top = torch.topk(scores, k, dim=1, largest=True, sorted=True)
                     top_s, top_r = top.values.float().cpu().numpy(), top.indices.cpu().numpy()
                 out_s.append(top_s)
-                out_r.append(top_r.astype(np.int64))
+                out_r.append(top_r.astype(np.int64, copy=False))
         return np.concatenate(out_s), np.concatenate(out_r)
 
     def nbytes(self) -> int:

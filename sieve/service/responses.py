@@ -47,13 +47,9 @@ def body_json(body: dict) -> bytes:
     return pydantic_core.to_json(body, inf_nan_mode="null")
 
 
-def search_response(outcome: Outcome, return_documents: bool, request_id: str | None = None) -> schemas.SearchResponse:
-    """`search_body` as the response model (what feedback's exploration and swaps edit). Built with model_construct:
-    every value is typed there (Python str, int, float, None), so validating it again would only cost time."""
-    return response_model(search_body(outcome, return_documents, request_id))
-
-
 def response_model(body: dict) -> schemas.SearchResponse:
+    """A `search_body` as the response model (what feedback's exploration and swaps edit). Built with model_construct:
+    every value is typed there (Python str, int, float, None), so validating it again would only cost time."""
     def document(doc: dict | None):
         return None if doc is None else schemas.DocumentOut.model_construct(**doc)
 

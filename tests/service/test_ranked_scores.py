@@ -11,7 +11,7 @@ import sieve.stages  # noqa: F401 - registers the stages whose score columns ran
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.searcher import Outcome
 from sieve.pipeline.state import QueryState
-from sieve.service.responses import body_json, rerank_response, search_body, search_response
+from sieve.service.responses import body_json, rerank_response, response_model, search_body
 
 NAN = math.nan
 
@@ -38,14 +38,14 @@ def check(hits, raw: dict) -> list[float]:
 
 def test_candidates_below_the_cross_encoders_head_score_below_its_lowest():
     raw = {"retrieve": [0.9, 0.8, 0.7, 0.6, 0.5], "cmc": [12.0, 11.9, 11.6, 10.0, 2.0], "ce": [9.0, 7.0, NAN, NAN, NAN]}
-    scores = check(search_response(outcome(raw, ["retrieve", "cmc", "ce"]), False).results, raw)
+    scores = check(response_model(search_body(outcome(raw, ["retrieve", "cmc", "ce"]), False)).results, raw)
     assert scores[:2] == [9.0, 7.0]  # the head keeps the cross-encoder's scores
     assert scores[2] == 6.0 and np.allclose(np.diff(scores[2:]), [-1.6, -8.0])  # CMC's gaps kept, one below 7.0
 
 
 def test_with_cmc_skipped_the_retrieve_scores_go_below_the_cross_encoders():
     raw = {"retrieve": [0.9, 0.8, 0.7, 0.6], "ce": [0.2, -0.5, NAN, NAN]}
-    scores = check(search_response(outcome(raw, ["retrieve", "ce"], ("cmc",)), False).results, raw)
+    scores = check(response_model(search_body(outcome(raw, ["retrieve", "ce"], ("cmc",)), False)).results, raw)
     assert scores[:2] == [np.float32(0.2), -0.5] and scores[2] == np.float32(0.7) - np.float32(0.7 + 0.5 + 1)
 
 
@@ -58,13 +58,13 @@ def test_rerank_relevance_scores_never_increase():
 
 
 def test_the_search_answer_built_without_validation_is_what_the_schema_validates():
-    """search_response builds its models with model_construct (no second validation): the JSON it serialises must
+    """response_model builds its models with model_construct (no second validation): the JSON it serialises must
     be exactly what validating the same values through the schema gives."""
     from sieve.service import schemas
     from sieve.service.responses import to_json
 
     raw = {"retrieve": [0.9, 0.8, 0.7], "be": [0.5, NAN, 0.25], "bm25": [3.0, 0.0, 1.5], "cmc": [2.0, 1.0, NAN]}
-    built = search_response(outcome(raw, ["retrieve", "cmc"], skipped=("ce",)), return_documents=False)
+    built = response_model(search_body(outcome(raw, ["retrieve", "cmc"], skipped=("ce",)), return_documents=False))
     built.timings_ms.update({"total": 1.5, "cmc": 0.25})
     built.warnings.append("retrieve_k 512 clamped to the index size 3")
     validated = schemas.SearchResponse.model_validate(built.model_dump())
@@ -88,7 +88,7 @@ def test_the_plain_answer_serialises_byte_for_byte_as_the_schema():
         body = search_body(out, return_documents=texts is not None, request_id="abc")
         validated = schemas.SearchResponse.model_validate(body)
         assert body_json(body) == to_json(validated)
-        assert to_json(search_response(out, texts is not None, "abc")) == to_json(validated)
+        assert to_json(response_model(search_body(out, texts is not None, "abc"))) == to_json(validated)
     assert validated.partial and validated.results[1].scores["be"] is None and validated.results[2].document.text == "\u4e09"
 
 
