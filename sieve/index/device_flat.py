@@ -50,25 +50,35 @@ class DeviceFlat:
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (B, k) float32, rows (B, k) int64), best first; k is at most the segment's rows."""
+        return self.search_scored(q, k)[:2]
+
+    def search_scored(self, q: np.ndarray, k: int, keep: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """search(), and with `keep` on the CPU every row's score too ((B, rows) float32, the matrix the top k was
+        taken from; None on a GPU or through FAISS): a caller that needs other rows' inner products with the
+        query looks them up there instead of reading their vectors (pipeline/first_stage.py)."""
         k = min(k, self.rows)
         if self.index is not None:
             with self.lock:
-                return self.index.search(np.ascontiguousarray(q, dtype=np.float32), k)
+                return (*self.index.search(np.ascontiguousarray(q, dtype=np.float32), k), None)
         import torch
 
-        out_s, out_r = [], []
+        out_s, out_r, kept = [], [], []
         with torch.inference_mode():
             for start in range(0, len(q), _QUERY_CHUNK):
                 part = torch.from_numpy(np.ascontiguousarray(q[start:start + _QUERY_CHUNK], dtype=np.float32))
                 scores = part.to(self.vectors.device, self.vectors.dtype) @ self.vectors.T  # (b, N)
                 if scores.device.type == "cpu":  # numpy's partition then a sort of the k: 0.4-0.6x torch.topk's CPU
                     top_s, top_r = top_k(scores.numpy(), k)  # per query from 4 queries (RESULTS.md, issue 32, s14)
+                    if keep:
+                        kept.append(scores.numpy())
                 else:
                     top = torch.topk(scores, k, dim=1, largest=True, sorted=True)
                     top_s, top_r = top.values.float().cpu().numpy(), top.indices.cpu().numpy()
                 out_s.append(top_s)
                 out_r.append(top_r.astype(np.int64, copy=False))
-        return np.concatenate(out_s), np.concatenate(out_r)
+        full = (kept[0] if len(kept) == 1 else np.concatenate(kept)) if keep and kept else None
+        return np.concatenate(out_s), np.concatenate(out_r), full
 
     def nbytes(self) -> int:
         return 0 if self.vectors is None else self.vectors.numel() * self.vectors.element_size()

@@ -21,6 +21,7 @@ from .protocol import Hits
 from .segments import REGISTRY, SearchKnobs, Segment, local_tombstones, read_tombstones, segment_dir
 
 _LOAD_ATTEMPTS = 3
+SCORED_MAX_ROWS = 65_536  # search_scored keeps every row's score only up to this many rows (256 KB per query)
 
 
 @dataclass
@@ -150,6 +151,25 @@ class SearchIndex:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product: (scores float32, rows int64), both (B, min(k, size))."""
+        q, k = self._checked_queries(queries, k)
+        if len(q) == 0:
+            return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
+        return self._search(q, k)
+
+    def search_scored(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """search(), and every row's score ((B, size) float32) where the search computed them all anyway: one flat
+        segment, nothing deleted, at most SCORED_MAX_ROWS rows, 2 or more queries searched on the CPU by torch's
+        matrix product (index/device_flat.py; Intel CPUs, service/runtime.py). Else None, with search()'s top k.
+        The first stage then reads its candidates' inner products there instead of their vectors."""
+        q, k = self._checked_queries(queries, k)
+        flat = self._p.segments[0].device_flat if len(self._p.segments) == 1 else None
+        if flat is None or flat.device != "cpu" or len(q) < 2 or self._p.live_to_phys is not None \
+                or self.size > SCORED_MAX_ROWS:
+            scores, rows = self.search(q, k)
+            return scores, rows, None
+        return flat.search_scored(q, k, keep=True)  # the rows search() takes from the same product (tested)
+
+    def _checked_queries(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, int]:
         self._check_open()
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.manifest.dim:
@@ -157,9 +177,9 @@ class SearchIndex:
                              f"got {np.shape(queries)}")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        k = min(int(k), self.size)
-        if len(q) == 0:
-            return np.empty((0, k), np.float32), np.empty((0, k), np.int64)
+        return q, min(int(k), self.size)
+
+    def _search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = self._search_segments(q, k, exact=False)
         short = (rows < 0).any(axis=1)
         if short.any():
@@ -249,18 +269,37 @@ class SearchIndex:
     def has_store(self, name: str) -> bool:
         return name in self.manifest.stores
 
-    def embeddings(self, rows: Sequence[int], store: str | None = None) -> np.ndarray:
-        """(n, dim) float32 copy of the given rows of the primary or an extra store."""
-        arr = self._rows(rows)
+    def embedding_dim(self, store: str | None = None) -> int:
+        """The width of the primary store's vectors, or of an extra store's."""
         if store is not None and store not in self.manifest.stores:
             raise ValueError(f"unknown embedding store {store!r}; this index has "
                              f"{sorted(self.manifest.stores) or 'no extra stores'}")
-        dim = self.manifest.dim if store is None else int(self.manifest.stores[store]["dim"])
+        return self.manifest.dim if store is None else int(self.manifest.stores[store]["dim"])
+
+    def embeddings(self, rows: Sequence[int], store: str | None = None) -> np.ndarray:
+        """(n, dim) float32 copy of the given rows of the primary or an extra store."""
+        arr = self._rows(rows)
+        out = np.empty((len(arr), self.embedding_dim(store)), dtype=np.float32)
+        self._gather(arr, out, store)
+        return out
+
+    def embeddings_into(self, rows: Sequence[int], out: np.ndarray, store: str | None = None) -> None:
+        """embeddings(), written into `out` ((n, dim) float32, C-contiguous: a row block of a padded batch) instead
+        of a new array: the CMC runner gathers each request's candidates straight into its batch
+        (pipeline/packing.py)."""
+        arr = self._rows(rows)
+        if out.shape != (len(arr), self.embedding_dim(store)) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 of shape ({len(arr)}, {self.embedding_dim(store)}), "
+                             f"got {out.dtype} {out.shape}")
+        self._gather(arr, out, store)
+
+    def _gather(self, arr: np.ndarray, out: np.ndarray, store: str | None) -> None:
         if len(self._p.segments) == 1 and self._p.live_to_phys is None:  # one segment, nothing deleted: rows are local
             source = self._p.segments[0].embeddings if store is None else self._p.segments[0].stores[store]
             if isinstance(source, np.ndarray) and source.dtype == np.float32:
-                return np.take(np.asarray(source), arr, axis=0)  # (n, dim), one gather
-        out = np.empty((len(arr), dim), dtype=np.float32)
+                # one gather straight into out: rows are checked, and mode="raise" would gather into a buffer first
+                np.take(np.asarray(source), arr, axis=0, out=out, mode="clip")
+                return
         seg, local = self._locate(arr)
         for s in np.unique(seg).tolist():
             source = self._p.segments[s].embeddings if store is None else self._p.segments[s].stores[store]
@@ -271,7 +310,6 @@ class SearchIndex:
                 break
             at = seg == s
             out[at] = source[local[at]]
-        return out
 
     def documents(self, rows: Sequence[int]) -> list[Document]:
         """Documents for rows, in the order given, with one SQLite query per segment involved."""

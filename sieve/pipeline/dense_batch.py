@@ -77,11 +77,13 @@ def faiss_one_thread() -> None:
     _per_thread.one_thread = True
 
 
-def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray]]]:
-    """items: (index, query vector (d,) float32, k) -> (item, (scores (k',), rows (k',))) pairs, k' = min(k, size),
-    one `index.search` per (index version, k) group, each group answered as soon as it is searched
-    (pipeline/batching.py). A group whose search fails does not fail the others: its error reaches its own
-    requests once the rest are answered."""
+def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]
+                 ) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]]:
+    """items: (index, query vector (d,) float32, k) -> (item, (scores (k',), rows (k',), every)) pairs, k' = min(k,
+    size), one search per (index version, k) group, each group answered as soon as it is searched
+    (pipeline/batching.py). `every`: the query's score for every row ((size,) float32) where the index's search
+    computed them all anyway (index/search_index.py `search_scored`), else None. A group whose search fails does
+    not fail the others: its error reaches its own requests once the rest are answered."""
     faiss_one_thread()
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (index, _, k) in enumerate(items):
@@ -91,12 +93,16 @@ def search_batch(items: Sequence[tuple[Any, np.ndarray, int]]) -> Iterator[tuple
         index = items[members[0]][0]
         blas_kernel(len(members) >= BLAS_MIN_BATCH)
         try:
-            scores, rows = index.search(np.stack([items[i][1] for i in members]), k)  # (B, k')
+            queries = np.stack([items[i][1] for i in members])  # (B, d)
+            if hasattr(index, "search_scored"):
+                scores, rows, every = index.search_scored(queries, k)  # (B, k'), (B, k'), (B, size) or None
+            else:
+                (scores, rows), every = index.search(queries, k), None
         except Exception as exc:  # noqa: BLE001 - raised below, to this group's requests only
             failed = failed or exc
             continue
-        for b, i in enumerate(members):
-            yield i, (scores[b], rows[b])
+        for b, i in enumerate(members):  # each query's row of scores copied: no request holds the batch's matrix
+            yield i, (scores[b], rows[b], None if every is None else every[b].copy())
     if failed is not None:
         raise failed
 
@@ -110,11 +116,13 @@ class DenseWant:
 
 @dataclass(frozen=True)
 class DenseHits:
-    """The top k of `want` for one encoded query, and the wall milliseconds its batch's searches took."""
+    """The top k of `want` for one encoded query, the wall milliseconds its batch's searches took, and the query's
+    score for every row where the search computed them all (search_batch's `every`), else None."""
     want: DenseWant
     scores: np.ndarray  # (k',)
     rows: np.ndarray  # (k',)
     ms: float
+    every: np.ndarray | None = None  # (size,)
 
 
 def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, DenseHits | None]]:
@@ -124,36 +132,43 @@ def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, Dens
     texts = [item if isinstance(item, str) else item[0] for item in items]
     encoded = tower.encode_queries_counted(texts)
     asked = [(n, item[1]) for n, item in enumerate(items) if not isinstance(item, str)]
-    found: dict[int, tuple[DenseWant, np.ndarray, np.ndarray]] = {}  # item -> (want, scores, rows)
+    found: dict[int, tuple[DenseWant, tuple]] = {}  # item -> (want, (scores, rows, every))
     started = time.perf_counter()
     if asked:
         searches = [(want.index, encoded[n][0].float().cpu().numpy(), want.k) for n, want in asked]
         try:
-            for j, (scores, rows) in search_batch(searches):
-                found[asked[j][0]] = (asked[j][1], scores, rows)
+            for j, hits in search_batch(searches):
+                found[asked[j][0]] = (asked[j][1], hits)
         except Exception:  # noqa: BLE001 - those requests search again on their own and get the error there
             log.debug("a vector search inside the query encoder's batch failed", exc_info=True)
     ms = (time.perf_counter() - started) * 1000
-    return [(vector, count, DenseHits(*found[n], ms) if n in found else None)
+    return [(vector, count, DenseHits(found[n][0], *found[n][1][:2], ms, found[n][1][2]) if n in found else None)
             for n, (vector, count) in enumerate(encoded)]
 
 
 def search_dense(dense, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:
     """One query vector's top k (scores, rows), 1-D: the candidates found with the query's encoding when they are
     this search's (`state.dense_hits`), else through `dense` (a DenseSearch) when given, else the index alone."""
+    return search_dense_scored(dense, index, vector, k, state)[:2]
+
+
+def search_dense_scored(dense, index, vector: np.ndarray, k: int, state
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """search_dense(), and the query's score for every row ((size,)) where the search computed them all (a batch
+    searched by torch's matrix product: search_batch's `every`), else None."""
     hits = state.dense_hits
     if hits is not None and hits.want.index is index and hits.want.k == k:
         state.dense_hits = None
-        return hits.scores, hits.rows
+        return hits.scores, hits.rows, hits.every
     if dense is not None:
         return dense(index, vector, k, state)
     scores, rows = index.search(vector[None, :], k)
-    return scores[0], rows[0]
+    return scores[0], rows[0], None
 
 
 class DenseSearch:
-    """`search(index, vector, k, state)` for a first stage: through the shared runner when batching is on, else
-    the index's own search. `wait(future, state)` is the Searcher's bounded wait (never a thread held for good)."""
+    """`search(index, vector, k, state)` -> (scores, rows, every) for a first stage: through the shared runner when
+    batching is on, else the index's own search. `wait(future, state)` is the Searcher's bounded wait (never a thread held for good)."""
 
     def __init__(self, runners, wait, with_encoding: bool = True):
         """`with_encoding`: the search may ride with the query's encoding (`want`)."""
@@ -164,8 +179,9 @@ class DenseSearch:
         request then encodes and searches alone, as before) or searches do not ride with encodings."""
         return DenseWant(index, k) if self.with_encoding and self.runners.config.enabled else None
 
-    def __call__(self, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, index, vector: np.ndarray, k: int, state) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(scores, rows, every): search_batch's answer for this one query."""
         if not self.runners.config.enabled:
-            return search_dense(None, index, vector, k, state)
+            return search_dense_scored(None, index, vector, k, state)
         future = self.runners.get(KEY, search_batch, max_wait_ms=0.0).submit((index, vector, k))
         return self.wait(future, state, "the vector search gave no candidates")

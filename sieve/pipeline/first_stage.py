@@ -2,7 +2,10 @@
 
 Every candidate of a hybrid list carries both first-stage scores, not only those of the lists it came from
 (BM25 scores every row at once; the bi-encoder's inner product is one dot product with the stored vector), so a
-later stage sees complete evidence; it carries that stored vector too, which CMC reads from the candidate.
+later stage sees complete evidence; it carries that stored vector too, which CMC reads from the candidate. Where
+the vector search scored every row anyway (a batch searched by torch's matrix product on the CPU:
+pipeline/dense_batch.py), the inner products are read from those scores and no vector is read here: CMC's runner
+gathers the candidates' vectors straight into its batch (pipeline/packing.py), one copy per request instead of two.
 Columns: "retrieve" = the score this stage ranked by (BM25, or the fused RRF score), "be" = bi-encoder inner
 product, "bm25" = BM25 score.
 """
@@ -14,7 +17,7 @@ import numpy as np
 
 from sieve.index.lexical import top_positive
 from sieve.pipeline.candidates import Candidates
-from sieve.pipeline.dense_batch import search_dense
+from sieve.pipeline.dense_batch import search_dense_scored
 from sieve.pipeline.stages import FirstStage
 from sieve.pipeline.state import QueryState
 
@@ -93,7 +96,7 @@ class HybridRetrieve(FirstStage):
         depth = self.depth()
         vector = state.query_vectors["be"].float().cpu().numpy()  # (d,)
         with state.timed("mips"):
-            _, dense_rows = search_dense(self.dense, self.index, vector, depth, state)
+            _, dense_rows, every = search_dense_scored(self.dense, self.index, vector, depth, state)
         with state.timed("bm25"):
             all_bm25 = self.index.lexical_scores(state.query)
             _, bm25_rows = top_positive(all_bm25, depth)
@@ -101,8 +104,11 @@ class HybridRetrieve(FirstStage):
             rows, fused = rrf_fuse([dense_rows, bm25_rows], [self.config.weight_be, self.config.weight_bm25],
                                    self.config.rrf_k, size=self.index.size)
             rows, fused = rows[:self.k], fused[:self.k]
-            vectors = self.index.embeddings(rows)  # (k, d): carried on, so CMC does not read them again
-            be = (vectors @ vector).astype(np.float32)
+            if every is not None:  # the vector search scored every row: no vector read here (CMC reads them itself)
+                vectors, be = None, every[rows]
+            else:
+                vectors = self.index.embeddings(rows)  # (k, d): carried on, so CMC does not read them again
+                be = (vectors @ vector).astype(np.float32)
         state.counts["bm25"] = len(bm25_rows)
         state.candidates = Candidates(rows=rows, scores={"retrieve": fused, "be": be, "bm25": all_bm25[rows]},
                                       vectors=vectors)

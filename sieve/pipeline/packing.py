@@ -2,7 +2,7 @@
 under a token budget. Plain functions of arrays and tensors; the stages call them from their batched compute."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -41,23 +41,43 @@ def chunks_in_order(lengths: Sequence[int], order: Sequence[int], budget: int) -
     return chunks
 
 
-def pad_lists(lists: Sequence[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """B arrays (K_b, ...) -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows. Filled in numpy:
-    torch.zeros of a large tensor fills it on every intra-op thread, and on a busy CPU that parallel region cost
-    ~1.4 ms of CPU per (1, 512, 384) list against ~0.02 ms here (same values)."""
+class IndexRows:
+    """A candidate list's vectors not read yet: rows of a local index version (index/search_index.py), gathered by
+    pad_lists straight into the padded batch, so a request's vectors are copied once (the rows' gather) instead of
+    twice (a gather in the request thread, then into the batch)."""
+
+    def __init__(self, index: Any, rows: np.ndarray, store: str | None = None):
+        self.index, self.rows, self.store = index, rows, store
+        self.shape = (len(rows), index.embedding_dim(store))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def into(self, out: np.ndarray) -> None:
+        self.index.embeddings_into(self.rows, out, store=self.store)
+
+
+def pad_lists(lists: Sequence[np.ndarray | IndexRows], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """B arrays (K_b, ...) or IndexRows -> zero-padded float32 (B, K, ...) and mask (B, K), True for real rows.
+    Filled in numpy: torch.zeros of a large tensor fills it on every intra-op thread, and on a busy CPU that parallel
+    region cost ~1.4 ms of CPU per (1, 512, 384) list against ~0.02 ms here (same values)."""
     longest = max(len(c) for c in lists)
     padded = np.empty((len(lists), longest, *np.shape(lists[0])[1:]), dtype=np.float32)  # (B, K, ...)
     mask = np.zeros((len(lists), longest), dtype=bool)  # (B, K)
     for b, c in enumerate(lists):  # each row written once: the list, then zeros after it
-        padded[b, :len(c)] = c
+        if isinstance(c, IndexRows):
+            c.into(padded[b, :len(c)])
+        else:
+            padded[b, :len(c)] = c
         padded[b, len(c):] = 0.0
         mask[b, :len(c)] = True
     return torch.from_numpy(padded).to(device), torch.from_numpy(mask).to(device)
 
 
-def pad_candidates(queries: Sequence[torch.Tensor], lists: Sequence[np.ndarray],
+def pad_candidates(queries: Sequence[torch.Tensor], lists: Sequence[np.ndarray | IndexRows],
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """B queries (d,) and B candidate arrays (K_b, d) -> query (B, d), candidates (B, K, d), mask (B, K)."""
+    """B queries (d,) and B candidate arrays (K_b, d) or IndexRows -> query (B, d), candidates (B, K, d), mask
+    (B, K)."""
     cands, mask = pad_lists(lists, device)
     query = torch.stack([q.float().to("cpu") for q in queries])  # (B, d)
     return query.to(device), cands, mask

@@ -30,7 +30,8 @@ from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.dense_batch import search_dense
 from sieve.pipeline.evidence import be_of, bm25_of, features
 from sieve.pipeline.batching import in_order
-from sieve.pipeline.packing import chunks_in_order, chunks_under_budget, expired, pad_candidates, pad_lists, trim_to_longest
+from sieve.pipeline.packing import (IndexRows, chunks_in_order, chunks_under_budget, expired, pad_candidates, pad_lists,
+                                    trim_to_longest)
 from sieve.pipeline.state import QueryState
 
 
@@ -97,15 +98,20 @@ class CMCRerank:
         self.batch_candidates = batch_candidates
         self.batch_key = f"cmc:{id(bundle.model)}"
 
-    def candidate_vectors(self, candidates: Candidates) -> np.ndarray:
+    def candidate_vectors(self, candidates: Candidates, later: bool = False) -> np.ndarray | IndexRows:
+        """(K, d): carried with the candidates, else read from the index; with `later`, rows of a local index are
+        left for the runner to gather straight into its batch (packing.IndexRows)."""
         store = "cmc" if self.bundle.config.mode == "separate" else None
         if candidates.vectors is not None and candidates.vector_store == store:  # carried with the candidates
             return candidates.vectors
+        if later and hasattr(self.index, "embeddings_into") and (candidates.rows >= 0).all():
+            return IndexRows(self.index, candidates.rows, store)
         return self.index.embeddings(candidates.rows, store=store)  # (K, d)
 
     def prepare(self, state: QueryState) -> tuple:
         state.counts[self.name] = len(state.candidates)
-        query, vectors = state.query_vectors["cmc"], self.candidate_vectors(state.candidates)
+        needs_vectors = bool(self.bundle.config.evidence) and "be" not in state.candidates.scores  # be_of reads them
+        query, vectors = state.query_vectors["cmc"], self.candidate_vectors(state.candidates, later=not needs_vectors)
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
             evidence = features(be_of(state.candidates, vectors, query), bm25_of(state.candidates, self.index, state.query),

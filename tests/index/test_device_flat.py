@@ -56,6 +56,51 @@ def test_device_flat_search_on_its_own_matches_brute_force():
     np.testing.assert_allclose(scores, np.take_along_axis(q @ x.T, want, axis=1), rtol=1e-5, atol=1e-5)
 
 
+def test_search_scored_keeps_every_rows_score_only_where_the_product_made_them(tmp_path, encoder):
+    """search_scored: search()'s very rows and scores, plus each query's score for every row, read from the matrix
+    the top k came from (so be[rows] equals the dense list's own scores bit for bit, and the inner products within
+    float tolerance); None for one query (FAISS's kernel), an index without device search, or one with deletions."""
+    path, docs = tmp_path / "idx", make_docs(120)
+    build_index(docs, encoder, path, progress=False, lexical=PLAIN, faiss_kind="flat")
+    queries = encoder.encode_queries([d.full_text for d in docs[::13]])  # (10, d)
+    with SearchIndex.load(path, flat_device="cpu") as index, SearchIndex.load(path) as plain:
+        scores, rows, every = index.search_scored(queries, 15)
+        want = index.search(queries, 15)
+        np.testing.assert_array_equal(rows, want[1])
+        np.testing.assert_array_equal(scores, want[0])
+        assert every.shape == (len(queries), index.size) and every.dtype == np.float32
+        np.testing.assert_array_equal(np.take_along_axis(every, rows, axis=1), scores)
+        np.testing.assert_allclose(every, queries @ index.embeddings(np.arange(index.size)).T, rtol=1e-5, atol=1e-6)
+        assert index.search_scored(queries[:1], 15)[2] is None  # one query alone: FAISS's own kernel
+        one = index.search_scored(queries[:1], 15)
+        np.testing.assert_array_equal(one[1], index.search(queries[:1], 15)[1])
+        assert plain.search_scored(queries, 15)[2] is None
+        np.testing.assert_array_equal(plain.search_scored(queries, 15)[1], plain.search(queries, 15)[1])
+    apply_changes(path, [], [docs[0].id], {"primary": encoder})
+    with SearchIndex.load(path, flat_device="cpu") as index:  # rows renumbered by a deletion: no full row
+        scores, rows, every = index.search_scored(queries, 15)
+        assert every is None
+        np.testing.assert_array_equal(rows, index.search(queries, 15)[1])
+
+
+def test_embeddings_into_writes_the_rows_embeddings_gives(tmp_path, encoder):
+    path, docs = tmp_path / "idx", make_docs(80)
+    build_index(docs, encoder, path, progress=False, lexical=PLAIN, faiss_kind="flat")
+    apply_changes(path, [Document("new", "", "w1 w2 fresh")], [docs[3].id], {"primary": encoder})
+    build_index(docs, encoder, tmp_path / "one", progress=False, lexical=PLAIN, faiss_kind="flat")
+    for where in (path, tmp_path / "one"):  # two segments with a deletion; one segment
+        with SearchIndex.load(where) as index:
+            rows = np.array([5, 0, index.size - 1, 5, 17])
+            batch = np.full((2, 7, index.embedding_dim()), np.nan, dtype=np.float32)
+            index.embeddings_into(rows, batch[1, :5])
+            np.testing.assert_array_equal(batch[1, :5], index.embeddings(rows))
+            assert np.isnan(batch[0]).all() and np.isnan(batch[1, 5:]).all()  # nothing written outside its block
+            with pytest.raises(ValueError, match="out of range"):
+                index.embeddings_into(np.array([index.size]), batch[1, :1])
+            with pytest.raises(ValueError, match="C-contiguous float32"):
+                index.embeddings_into(rows, np.empty((5, index.embedding_dim()), dtype=np.float64))
+
+
 @pytest.mark.parametrize("device,faiss_gpu", [("cpu", True), ("cpu", False), ("cuda", False)])
 def test_backend_is_torch_without_faiss_gpu(device, faiss_gpu):
     assert flat_backend(device, faiss_gpu) == "torch"  # faiss-gpu only on a CUDA device, and only when asked

@@ -39,7 +39,8 @@ def test_each_item_of_a_batch_gets_its_own_search(biencoder, demo):
     ks = [5, 5, 20, 5, 20, 3, 5, 5, 20]
     items = [(demo, vectors[i], k) for i, k in enumerate(ks)]
     assert sum(k == 5 for k in ks) >= BLAS_MIN_BATCH  # one group large enough for FAISS's matrix-product kernel
-    for (scores, rows), (index, vector, k) in zip(in_order(search_batch(items), len(items)), items):
+    for (scores, rows, every), (index, vector, k) in zip(in_order(search_batch(items), len(items)), items):
+        assert every is None  # FAISS's search: no row's score but the top k's
         want = index.search(vector[None, :], k)
         same_list((scores, rows), (want[0][0], want[1][0]))
         assert len(rows) == min(k, demo.size)
@@ -56,7 +57,7 @@ def test_items_of_two_index_versions_are_searched_each_in_its_own(biencoder, dem
     other = Other()
     vectors = biencoder.encode_queries(QUERIES[:4]).float().numpy()
     out = in_order(search_batch([(demo, vectors[0], 5), (other, vectors[1], 5), (demo, vectors[2], 5), (other, vectors[3], 5)]), 4)
-    for (scores, rows), index, vector in zip(out, [demo, other, demo, other], vectors):
+    for (scores, rows, _), index, vector in zip(out, [demo, other, demo, other], vectors):
         want = index.search(vector[None, :], 5)
         same_list((scores, rows), (want[0][0], want[1][0]))
 
@@ -128,6 +129,9 @@ def test_a_search_that_fails_in_the_encoders_batch_is_made_again_on_its_own(bien
             if self.calls == 1:
                 raise RuntimeError("a passing fault")
             return demo.search(queries, k)
+
+        def search_scored(self, queries, k):  # the batch's search (dense_batch.search_batch), with the same fault
+            return (*self.search(queries, k), None)
 
     flaky = FailsOnce()
     vector = biencoder.encode_queries(["volcano"]).float().numpy()[0]
