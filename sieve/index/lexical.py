@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from itertools import chain
 from pathlib import Path
 from typing import Sequence
@@ -236,7 +237,36 @@ class LexicalIndex:
 
 
 def top_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best rows with a score > 0, best first, ties broken by row (the same query gives the same list)."""
+    """The k best rows with a score > 0, best first, ties broken by row (the same query gives the same list).
+    float32 scores take one sort of unique int64 keys: the score's bits above (a positive float32 orders as its
+    bits do), the row below (15 against 49 us for SciFact's 5,183 rows, k = 512); any other input, or a positive
+    NaN, the sort by score then row (the same rows, tests/index/test_lexical.py)."""
+    if scores.dtype != np.float32 or scores.ndim != 1 or k < 1 or len(scores) >= 1 << 31:
+        return _top_positive_by_lexsort(scores, k)
+    keys = scores.view(np.int32).astype(np.int64)
+    keys <<= 32
+    keys = np.subtract(_row_numbers(len(scores)), keys, out=keys)  # row - bits * 2**32: ascending = best first,
+    # ties by row; a score > 0 has bits >= 1, so its key is < 0, and any other score's key is >= 0
+    if k < len(keys):
+        keys = np.partition(keys, k - 1)[:k]  # the k smallest, in no order
+    keys.sort()
+    if len(keys) and keys[0] < _NAN_KEYS:  # a positive NaN's bits are above +inf's, so it would come first
+        return _top_positive_by_lexsort(scores, k)
+    rows = keys[:np.searchsorted(keys, 0)] & 0xFFFF_FFFF  # the positive scores' rows (low 32 bits)
+    return scores[rows], rows
+
+
+_NAN_KEYS = -(0x7F80_0000 << 32)  # keys below this one: scores whose bits are above +inf's (positive NaNs)
+
+
+@lru_cache(maxsize=8)
+def _row_numbers(n: int) -> np.ndarray:
+    rows = np.arange(n, dtype=np.int64)
+    rows.flags.writeable = False
+    return rows
+
+
+def _top_positive_by_lexsort(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     hits = np.flatnonzero(scores > 0)
     if len(hits) > k:
         kth = np.partition(scores[hits], len(hits) - k)[len(hits) - k]  # k-th best value: keep every tie with it

@@ -138,6 +138,42 @@ def test_top_positive_keeps_ties_in_row_order():
     assert top_positive(scores, 10)[1].tolist() == [1, 3, 4, 2]
 
 
+def test_top_positive_is_the_sort_by_score_then_row():
+    """Against the definition (rows with a score > 0, by score descending then row, the first k): ties, signed
+    zeros, NaN, infinities, subnormals, k above the positives, float64 scores (which take the lexsort path)."""
+    def reference(scores, k):
+        rows = sorted((r for r in range(len(scores)) if scores[r] > 0), key=lambda r: (-float(scores[r]), r))[:k]
+        return scores[np.array(rows, dtype=np.int64)], np.array(rows, dtype=np.int64)
+
+    rng = np.random.default_rng(4)
+    for trial in range(400):
+        n = int(rng.choice([0, 1, 2, 9, 300]))
+        scores = (rng.standard_normal(n) * 3).astype(np.float32)
+        kind = trial % 8
+        if kind == 1:
+            scores = np.round(scores)  # many ties
+        if kind == 2:
+            scores[rng.random(n) < 0.3] = -0.0
+            scores[rng.random(n) < 0.3] = 0.0
+        if kind == 3:
+            scores[rng.random(n) < 0.1] = np.nan
+        if kind == 4:
+            scores[rng.random(n) < 0.1] = np.inf
+            scores[rng.random(n) < 0.1] = -np.inf
+        if kind == 5:
+            scores = np.abs(scores) * np.float32(1e-42)  # subnormal
+        if kind == 6:
+            scores = scores.astype(np.float64)
+        if kind == 7:
+            scores = scores[::-1]  # not contiguous
+        for k in (1, 3, n, n + 7):
+            if k < 1:
+                continue
+            got, want = top_positive(scores, k), reference(scores, k)
+            assert got[1].dtype == np.int64 and got[1].tolist() == want[1].tolist(), (trial, k)
+            assert got[0].dtype == scores.dtype and np.array_equal(got[0], want[0]), (trial, k)
+
+
 def test_every_write_keeps_lexical_and_dense_in_step(tmp_path, encoder):
     path = tmp_path / "live"
     build_index(TOY, encoder, path, progress=False, lexical=PLAIN)

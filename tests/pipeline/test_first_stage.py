@@ -44,6 +44,53 @@ def test_rrf_over_an_index_size_is_the_same_fusion():
     assert rows.tolist() == [-1, 4]
 
 
+def test_rrf_is_the_definition_bit_for_bit():
+    """Against the definition in plain Python (float sums in list order, a stable sort by score descending):
+    ties at equal ranks of disjoint lists, weights whose shares make equal sums one rounding apart, zero and
+    negative weights, repeats within a list; with and without the index's size."""
+    def reference(lists, weights, k):
+        sums, first = {}, {}
+        for rows, weight in zip(lists, weights):
+            for rank, row in enumerate(rows.tolist(), 1):
+                sums[row] = sums.get(row, 0.0) + weight / (k + rank)
+                first.setdefault(row, len(first))
+        rows = sorted(sums, key=lambda r: (-sums[r], first[r]))
+        return rows, np.array([sums[r] for r in rows], dtype=np.float32)
+
+    rng = np.random.default_rng(8)
+    for trial in range(300):
+        size = int(rng.integers(1, 700))
+        perm = rng.permutation(size)
+        kind = trial % 4
+        if kind == 0:  # disjoint halves: a tie at every rank both reach
+            lists = [perm[:size // 2], perm[size // 2:]]
+        elif kind == 1:  # overlapping, as the first stages give
+            lists = [perm[:int(rng.integers(0, size + 1))], rng.permutation(size)[:int(rng.integers(0, size + 1))]]
+        elif kind == 2:
+            lists = [perm, perm[::-1]]  # the same rows: every row's sum of two shares
+        else:
+            lists = [rng.integers(0, size, int(rng.integers(1, 80))) for _ in range(3)]  # repeats within a list
+        weights = rng.choice([1.0, 0.3, 0.5, 2.0, 0.0, -1.0], len(lists)).tolist()
+        k = float(rng.choice([60.0, 1.0, 7.5]))
+        want_rows, want_scores = reference(lists, weights, k)
+        for fused in (rrf_fuse(lists, weights, k), rrf_fuse(lists, weights, k, size=size)):
+            assert fused[0].tolist() == want_rows, (trial, weights)
+            assert fused[1].dtype == np.float32 and np.array_equal(fused[1].view(np.uint32),
+                                                                    want_scores.view(np.uint32)), trial
+
+
+def test_rrf_with_nan_sums_over_an_index_size_is_the_sort_path():
+    """NaN sums come last, in order of first appearance, as the sort path puts them: k = -1 gives rank 1 an
+    infinite share (with weights of both signs, a NaN sum); NaN weights of both signs give NaNs with other bits."""
+    lists = [np.array([3, 1, 4, 2, 6]), np.array([3, 0, 2, 5, 4])]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for weights, k in (([1.0, -1.0], -1.0), ([-float("nan"), float("nan")], 60.0), ([float("nan"), 1.0], 60.0)):
+            want_rows, want_scores = rrf_fuse(lists, weights, k)
+            rows, scores = rrf_fuse(lists, weights, k, size=7)
+            assert np.isnan(scores[-1]) and rows.tolist() == want_rows.tolist(), weights
+            assert np.array_equal(scores, want_scores, equal_nan=True)
+
+
 @pytest.fixture(scope="module")
 def searcher(demo_index_dir, biencoder):
     with SearchIndex.load(demo_index_dir) as index:
