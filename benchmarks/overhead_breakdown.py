@@ -33,7 +33,11 @@ TIMED = [("sieve.pipeline.searcher", "Searcher.search"), ("sieve.pipeline.search
          ("sieve.pipeline.first_stage", "rrf_fuse"), ("sieve.pipeline.first_stage", "top_positive"),
          ("sieve.pipeline.stages", "CMCRerank.prepare"), ("sieve.pipeline.stages", "features"),
          ("sieve.pipeline.stages", "CMCRerank.finish"), ("sieve.service.routes", "search_body"),
-         ("sieve.pipeline.batching", "Batcher.run"), ("sieve.models.text_encoder", "TextEncoder.encode_queries")]
+         ("sieve.pipeline.batching", "Batcher.run"), ("sieve.models.text_encoder", "TextEncoder.encode_queries"),
+         ("sieve.models.text_encoder", "TextEncoder.tokenize_counted"),
+         ("sieve.index.search_index", "SearchIndex.search_scored"), ("sieve.index.device_flat", "top_k"),
+         ("sieve.pipeline.stages", "CMCRerank.compute_each"), ("sieve.pipeline.packing", "pad_lists"),
+         ("sieve.pipeline.stages", "CMCRerank.forward"), ("sieve.service.routes", "body_json")]
 SPENT: collections.Counter = collections.Counter()
 
 
