@@ -190,12 +190,17 @@ def bm25_scores(analyzer: Analyzer, segments: Sequence[LexicalSegment], offsets:
     if stats.alive is not None:
         keep = stats.alive[rows]
         rows, norms, term = rows[keep], norms[keep], term[keep]
-    df = np.bincount(term, minlength=len(counted))  # (T,) live documents holding each term
-    idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))  # (T,)
-    weight = np.fromiter(counted.values(), np.float64, len(counted)) * idf  # (T,) times the term is in the query
+    weight = _term_weights(counted, np.bincount(term, minlength=len(counted)), stats.count)  # (T,)
     score = (weight[term] * norms).astype(np.float32)  # (P,)
     np.add.at(out, rows, score)  # in float32, term after term: the sums a loop over the terms makes
     return out
+
+
+def _term_weights(counted: dict[str, int], df: np.ndarray, count: int) -> np.ndarray:
+    """(T,) float64: Lucene's idf of each query term (df: the live documents holding it, of `count`) times how often
+    the term is in the query."""
+    idf = np.log(1 + (count - df + 0.5) / (df + 0.5))
+    return np.fromiter(counted.values(), np.float64, len(counted)) * idf
 
 
 def _one_segment_scores(seg: LexicalSegment, stats: LiveStats, counted: dict[str, int], out: np.ndarray) -> np.ndarray:
@@ -210,8 +215,7 @@ def _one_segment_scores(seg: LexicalSegment, stats: LiveStats, counted: dict[str
     n = np.array([hi - lo for _, lo, hi in spans], dtype=np.int64)  # (T',) postings of each known term
     df = np.zeros(len(counted), dtype=np.int64)
     df[which] = n
-    idf = np.log(1 + (stats.count - df + 0.5) / (df + 0.5))  # (T,)
-    weight = np.fromiter(counted.values(), np.float64, len(counted)) * idf  # (T,)
+    weight = _term_weights(counted, df, stats.count)  # (T,)
     norm = stats.tf_norm[0]
     rows = np.concatenate([seg.docs[lo:hi] for _, lo, hi in spans])  # (P,) term by term
     norms = np.concatenate([norm[lo:hi] for _, lo, hi in spans])  # (P,)
@@ -268,7 +272,7 @@ def top_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return _top_positive_by_lexsort(scores, k)
     keys = scores.view(np.int32).astype(np.int64)
     keys <<= 32
-    keys = np.subtract(_row_numbers(len(scores)), keys, out=keys)  # row - bits * 2**32: ascending = best first,
+    keys = np.subtract(row_numbers(len(scores)), keys, out=keys)  # row - bits * 2**32: ascending = best first,
     # ties by row; a score > 0 has bits >= 1, so its key is < 0, and any other score's key is >= 0
     if k < len(keys):
         keys = np.partition(keys, k - 1)[:k]  # the k smallest, in no order
@@ -283,7 +287,8 @@ _NAN_KEYS = -(0x7F80_0000 << 32)  # keys below this one: scores whose bits are a
 
 
 @lru_cache(maxsize=8)
-def _row_numbers(n: int) -> np.ndarray:
+def row_numbers(n: int) -> np.ndarray:
+    """0 .. n-1 as int64, read-only and shared (top_positive's keys, rrf_fuse's positions)."""
     rows = np.arange(n, dtype=np.int64)
     rows.flags.writeable = False
     return rows

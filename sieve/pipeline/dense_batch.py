@@ -121,8 +121,8 @@ class DenseHits:
     want: DenseWant
     scores: np.ndarray  # (k',)
     rows: np.ndarray  # (k',)
+    every: np.ndarray | None  # (size,)
     ms: float
-    every: np.ndarray | None = None  # (size,)
 
 
 def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, DenseHits | None]]:
@@ -132,17 +132,17 @@ def encode_then_search(tower, items: Sequence[Any]) -> list[tuple[Any, int, Dens
     texts = [item if isinstance(item, str) else item[0] for item in items]
     encoded = tower.encode_queries_counted(texts)
     asked = [(n, item[1]) for n, item in enumerate(items) if not isinstance(item, str)]
-    found: dict[int, tuple[DenseWant, tuple]] = {}  # item -> (want, (scores, rows, every))
+    found: dict[int, tuple] = {}  # item -> (want, scores, rows, every)
     started = time.perf_counter()
     if asked:
         searches = [(want.index, encoded[n][0].float().cpu().numpy(), want.k) for n, want in asked]
         try:
-            for j, hits in search_batch(searches):
-                found[asked[j][0]] = (asked[j][1], hits)
+            for j, (scores, rows, every) in search_batch(searches):
+                found[asked[j][0]] = (asked[j][1], scores, rows, every)
         except Exception:  # noqa: BLE001 - those requests search again on their own and get the error there
             log.debug("a vector search inside the query encoder's batch failed", exc_info=True)
     ms = (time.perf_counter() - started) * 1000
-    return [(vector, count, DenseHits(found[n][0], *found[n][1][:2], ms, found[n][1][2]) if n in found else None)
+    return [(vector, count, DenseHits(*found[n], ms) if n in found else None)
             for n, (vector, count) in enumerate(encoded)]
 
 
@@ -168,7 +168,8 @@ def search_dense_scored(dense, index, vector: np.ndarray, k: int, state
 
 class DenseSearch:
     """`search(index, vector, k, state)` -> (scores, rows, every) for a first stage: through the shared runner when
-    batching is on, else the index's own search. `wait(future, state)` is the Searcher's bounded wait (never a thread held for good)."""
+    batching is on, else the index's own search. `wait(future, state)` is the Searcher's bounded wait (never a
+    thread held for good)."""
 
     def __init__(self, runners, wait, with_encoding: bool = True):
         """`with_encoding`: the search may ride with the query's encoding (`want`)."""

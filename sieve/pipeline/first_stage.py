@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from sieve.index.lexical import top_positive
+from sieve.index.lexical import row_numbers, top_positive
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.dense_batch import search_dense_scored
 from sieve.pipeline.stages import FirstStage
@@ -50,7 +50,7 @@ def rrf_fuse(lists: list[np.ndarray], weights: list[float], k: float = RRF_K,
 
 
 def _fuse_by_row(every: np.ndarray, shares: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    position = _positions(len(every))
+    position = row_numbers(len(every))
     first = np.full(size, len(every))  # (size,) each row's first position in `every`
     np.minimum.at(first, every, position)
     rows = every[first[every] == position]  # (U,) each row once, in order of first appearance
@@ -82,13 +82,6 @@ def _shares(weights: tuple[float, ...], k: float, lengths: tuple[int, ...]) -> n
                              for n, weight in zip(lengths, weights)])
     shares.flags.writeable = False
     return shares
-
-
-@lru_cache(maxsize=8)
-def _positions(n: int) -> np.ndarray:
-    positions = np.arange(n, dtype=np.int64)
-    positions.flags.writeable = False
-    return positions
 
 
 class LexicalRetrieve(FirstStage):
