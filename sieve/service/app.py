@@ -12,7 +12,7 @@ import torch
 from fastapi import FastAPI
 
 from sieve.pipeline import registry
-from sieve.service import routes_documents, routes_feedback, workers
+from sieve.service import heap, routes_documents, routes_feedback, workers
 from sieve.service.cache import Caches, digest
 from sieve.service.cmc_serving import ServedCMC
 from sieve.service.components import Components, load_components
@@ -190,8 +190,9 @@ def document_optional_auth(app: FastAPI) -> None:
 
 
 def create_app(settings: Settings | None = None,
-               loader: Callable[[Settings], Components] = load_components) -> FastAPI:
-    """`loader` is the seam for tests that need a fake model; production uses load_components."""
+               loader: Callable[[Settings], Components] = load_components, freeze_heap: bool = False) -> FastAPI:
+    """`loader` is the seam for tests that need a fake model; production uses load_components. `freeze_heap`: the
+    served process's own app (service/heap.py), not a test's."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -201,6 +202,8 @@ def create_app(settings: Settings | None = None,
         watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
+        if freeze_heap:
+            heap.freeze_after_startup()
         yield  # one of several worker processes: ready once it listens (supervisor.WorkerServer, /readyz)
         app.state.updater.close()
         if app.state.feedback is not None:
@@ -241,4 +244,4 @@ def worker_app():
     settings = Settings()
     # the class uvicorn was handed by name (service/supervisor.py)
     getattr(connections, connections.protocol_name(settings.http_parser)).header_timeout_s = settings.header_timeout_s
-    return create_app(settings)
+    return create_app(settings, freeze_heap=True)

@@ -109,6 +109,14 @@ def test_a_burst_of_new_connections_is_spread_over_both_workers(team):
     assert len(set(pids)) == WORKERS, pids
 
 
+def test_every_worker_froze_its_start_up_objects(team):
+    """Each worker's full garbage collections skip what its start-up made (service/heap.py): one freeze per worker
+    started, after its models and index were loaded."""
+    team.wait_ready(120)
+    counts = [int(n) for n in re.findall(r"froze (\d+) start-up objects", team.log_path.read_text())]
+    assert len(counts) >= WORKERS and all(n > 50_000 for n in counts), counts
+
+
 def test_a_write_through_one_worker_is_read_through_the_other(team):
     a, b = clients_on_two_workers(team)
     try:
