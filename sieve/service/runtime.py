@@ -19,18 +19,31 @@ def searcher_options(settings: Settings) -> dict:
             "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
 
 
-def flat_device(settings: Settings, device, vendor: str | None = None) -> str | None:
+def flat_device(settings: Settings, device, vendor: str | None = None, family: int | None = None) -> str | None:
     """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server; with torch over the
-    memory-mapped vectors on an Intel CPU; None (FAISS's exact search) on any other CPU and with
-    SIEVE_FLAT_SEARCH_ON_DEVICE=false. torch's matrix product is MKL's, whose fast kernels are Intel's: on the Intel
-    Xeon host of the eleventh session it cost 0.49-0.72x FAISS's CPU per query; on the AMD Zen 4 host of the
-    twelfth, 1.25-1.4x FAISS's in a loaded server's vector search (RESULTS.md "Issue 32, twelfth session").
-    `vendor`: the CPU's vendor id (/proc/cpuinfo's when None)."""
+    memory-mapped vectors on a CPU where torch's product pays (torch_product_pays); None (FAISS's exact search) on
+    any other CPU and with SIEVE_FLAT_SEARCH_ON_DEVICE=false. `vendor`, `family`: the CPU's vendor id and family
+    (/proc/cpuinfo's when None)."""
     if not settings.flat_search_on_device:
         return None
     if device.type == "cuda":
         return str(device)
-    return "cpu" if (vendor if vendor is not None else cpu_field("vendor_id")) == "GenuineIntel" else None
+    return "cpu" if torch_product_pays(vendor if vendor is not None else cpu_field("vendor_id"),
+                                       family if family is not None else cpu_family()) else None
+
+
+def torch_product_pays(vendor: str, family: int) -> bool:
+    """Whether torch's matrix product (MKL's) over the memory-mapped vectors costs less CPU per query than FAISS's
+    exact search on this CPU kind, as measured (benchmarks/dense_batch.py, SciFact's 5,183 x 384, top 512, batches
+    of 2-32): on Intel Xeon hosts 0.49-0.72x (eleventh session); on AMD EPYC Zen 5 (family 26) 0.67-0.80x
+    (`dense_batch_zen5.json`, sixteenth session); on AMD Zen 4 (family 25) 1.25-1.4x in a loaded server's vector
+    search (twelfth session), so Zen 4 and older AMD keep FAISS (RESULTS.md, issue 32)."""
+    return vendor == "GenuineIntel" or (vendor == "AuthenticAMD" and family >= 26)
+
+
+def cpu_family() -> int:
+    value = cpu_field("cpu family")
+    return int(value) if value.isdigit() else 0
 
 
 def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:

@@ -123,20 +123,23 @@ def test_on_the_cpu_a_float32_map_is_searched_where_it_lies_and_float16_stays_wi
         assert f16.search(queries, 5)[1][:, 0].tolist()[1] == 7
 
 
-def test_an_intel_cpu_server_searches_flat_segments_with_torch_unless_told_not_to():
+def test_an_intel_or_zen5_cpu_server_searches_flat_segments_with_torch_unless_told_not_to():
     import torch
 
     from sieve.service.config import Settings
     from sieve.models.precision import cpu_field
-    from sieve.service.runtime import flat_device
+    from sieve.service.runtime import cpu_family, flat_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert flat_device(Settings(), cpu, "GenuineIntel") == "cpu" and flat_device(Settings(), cuda) == "cuda"
-    assert flat_device(Settings(), cpu, "AuthenticAMD") is None  # FAISS's kernel: MKL's product is slower there
+    assert flat_device(Settings(), cpu, "AuthenticAMD", 25) is None  # Zen 4: MKL's product is slower than FAISS's
+    assert flat_device(Settings(), cpu, "AuthenticAMD", 23) is None  # Zen 2/3 too
+    assert flat_device(Settings(), cpu, "AuthenticAMD", 26) == "cpu"  # Zen 5: 0.67-0.80x FAISS's CPU per query
+    assert flat_device(Settings(), cpu, "GenuineIntel", 6) == "cpu"
     assert flat_device(Settings(), cuda, "AuthenticAMD") == "cuda"
     off = Settings(flat_search_on_device=False)
     assert flat_device(off, cpu, "GenuineIntel") is None and flat_device(off, cuda) is None
-    assert isinstance(cpu_field("vendor_id"), str)
+    assert isinstance(cpu_field("vendor_id"), str) and cpu_family() >= 0
 
 
 @pytest.mark.parametrize("k", [1, 7, 999, 1000])
