@@ -5,7 +5,9 @@ Every full (oldest-generation) collection walks them all: on the AMD Zen 5 host 
 ~300 ms, and under load one came every ~15 s. The interpreter lock is held throughout, so every request in flight
 waited for it: a single zero-cost worker at 16 clients answered its p50 in 19 ms and its p99 in 150-250 ms (RESULTS.md,
 issue 32, sixteenth session). `gc.freeze()` moves what exists at that moment into a permanent generation the
-collector never walks; what requests and index versions allocate later is collected as before.
+collector never walks; what requests and index versions allocate later is collected as before. The cost: a start-up
+object dropped later in a reference cycle is never freed (refcounting still frees the rest: a replaced SearchIndex
+has no cycle and goes, checked); that is at most what start-up made, once.
 
 Only the served process does this (`sieve serve`'s single process and each worker: service/app.py `create_app(...,
 freeze_heap=True)`). A test process makes and drops many apps; frozen, their cycles would never be freed.
