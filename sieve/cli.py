@@ -316,7 +316,7 @@ def run_server(settings: Settings) -> None:
     from sieve.service.components import load_components
 
     components = load_components(settings)
-    app = create_app(settings, loader=lambda _: components, freeze_heap=True)
+    app = create_app(settings, loader=lambda _: components, served_process=True)
     from sieve.service.connections import bounded_protocol
 
     # httptools (C parser) where installed; the protocol bounds the size and time of request line + headers

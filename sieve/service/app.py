@@ -190,8 +190,8 @@ def document_optional_auth(app: FastAPI) -> None:
 
 
 def create_app(settings: Settings | None = None,
-               loader: Callable[[Settings], Components] = load_components, freeze_heap: bool = False) -> FastAPI:
-    """`loader` is the seam for tests that need a fake model; production uses load_components. `freeze_heap`: the
+               loader: Callable[[Settings], Components] = load_components, served_process: bool = False) -> FastAPI:
+    """`loader` is the seam for tests that need a fake model; production uses load_components. `served_process`: the
     served process's own app (service/heap.py), not a test's."""
     settings = settings or Settings()
 
@@ -202,8 +202,9 @@ def create_app(settings: Settings | None = None,
         watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
-        if freeze_heap:
-            heap.freeze_after_startup()
+        pauses = heap.PauseClock(app.state.metrics.gc_pause).start() if served_process else None
+        if served_process:
+            heap.freeze_after_startup()  # its collection is the first pause timed
         yield  # one of several worker processes: ready once it listens (supervisor.WorkerServer, /readyz)
         app.state.updater.close()
         if app.state.feedback is not None:
@@ -211,6 +212,8 @@ def create_app(settings: Settings | None = None,
         app.state.components.close()
         if watch is not None:
             watch.stop()
+        if pauses is not None:
+            pauses.stop()
 
     # /docs is served offline by serve_docs; ReDoc would load its script and fonts from a CDN, so it is off; routes
     # match exactly (POST /search/ is a JSON 404 naming /search, not a 307 with an empty body)
@@ -244,4 +247,4 @@ def worker_app():
     settings = Settings()
     # the class uvicorn was handed by name (service/supervisor.py)
     getattr(connections, connections.protocol_name(settings.http_parser)).header_timeout_s = settings.header_timeout_s
-    return create_app(settings, freeze_heap=True)
+    return create_app(settings, served_process=True)

@@ -9,13 +9,19 @@ collector never walks; what requests and index versions allocate later is collec
 object dropped later in a reference cycle is never freed (refcounting still frees the rest: a replaced SearchIndex
 has no cycle and goes, checked); that is at most what start-up made, once.
 
-Only the served process does this (`sieve serve`'s single process and each worker: service/app.py `create_app(...,
-freeze_heap=True)`). A test process makes and drops many apps; frozen, their cycles would never be freed.
+The served process also times its collections of generations 1 and 2 (`PauseClock`: `sieve_gc_pause_seconds
+{generation}` on /metrics, a panel of deploy/grafana/dashboards/sieve.json), so a pause that comes back shows.
+
+Only the served process does either (`sieve serve`'s single process and each worker: service/app.py `create_app(...,
+served_process=True)`). A test process makes and drops many apps; frozen, their cycles would never be freed, and
+each app's clock would stay among the collector's callbacks.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import logging
+import threading
 import time
 
 log = logging.getLogger("sieve.heap")
@@ -30,3 +36,48 @@ def freeze_after_startup() -> int:
     log.info("froze %d start-up objects out of the garbage collector in %.0f ms", frozen,
              1000 * (time.perf_counter() - started))
     return frozen
+
+
+class PauseClock:
+    """Times each collection of generations 1 and 2 (a gen-0 one is cut short at once: they come hundreds of times
+    a second and last microseconds) into `histogram` (label `generation`). The collector's callback only appends
+    to a deque: it runs wherever an allocation triggered the collection, possibly inside a lock prometheus-client
+    holds, so the histogram is fed from a thread of its own every `flush_s` (and once more when stopped)."""
+
+    def __init__(self, histogram, flush_s: float = 1.0):
+        self.children = {g: histogram.labels(generation=str(g)) for g in (1, 2)}  # the series exist from the start
+        self.flush_s = flush_s
+        self.pending: collections.deque = collections.deque(maxlen=100_000)
+        self.started_at = 0.0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sieve-gc-pauses", daemon=True)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        generation = info["generation"]
+        if generation == 0:
+            return
+        if phase == "start":
+            self.started_at = time.perf_counter()
+        else:
+            self.pending.append((generation, time.perf_counter() - self.started_at))
+
+    def start(self) -> "PauseClock":
+        gc.callbacks.append(self)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        self.flush()
+
+    def flush(self) -> None:
+        while self.pending:
+            generation, seconds = self.pending.popleft()
+            self.children[generation].observe(seconds)
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.flush_s):
+            self.flush()

@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CANDIDATE_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class WorkerView:
@@ -76,6 +77,9 @@ class Metrics:
                                     ["op"], registry=r)
         self.index_commit = Histogram("sieve_index_commit_seconds", "Time to write and swap in one index version.",
                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.gc_pause = Histogram("sieve_gc_pause_seconds", "Python garbage collections of generations 1 and 2 in the "
+                                  "served process, by generation: every thread waits while one runs (service/heap.py).",
+                                  ["generation"], buckets=GC_PAUSE_BUCKETS, registry=r)
         # calls to SIEVE_CE_URL by outcome, retries, and the circuit breaker
         self.remote_ce_calls = Counter("sieve_remote_ce_calls_total", "Remote cross-encoder calls by outcome (ok, "
                                        "error, timeout, late, rejected, malformed, short_circuited).", ["outcome"], registry=r)

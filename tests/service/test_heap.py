@@ -30,6 +30,47 @@ def test_an_app_made_in_a_test_process_freezes_nothing(fake_components):  # noqa
     index_dir, loader = fake_components
     before = gc.get_freeze_count()
     settings = Settings(_env_file=None, index_dir=index_dir, model_name="tiny-bert", write_batch_wait_ms=0)
+    callbacks = list(gc.callbacks)
     with TestClient(create_app(settings, loader=loader)) as client:
         assert client.get("/readyz").status_code == 200
+        assert gc.callbacks == callbacks  # no pause clock either
     assert gc.get_freeze_count() == before == 0
+
+
+def gc_pause_count(metrics_text: str, generation: int) -> float:
+    found = re.search(rf'^sieve_gc_pause_seconds_count{{generation="{generation}"}} (\S+)$', metrics_text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0
+
+
+def test_the_served_process_times_its_full_collections(guarded_server):
+    """The start-up collection before the freeze is the first generation-2 pause /metrics counts; both series
+    exist from the start (a dashboard panel reads them)."""
+    import time
+
+    guarded_server.wait_ready(120)
+    deadline = time.monotonic() + 30
+    with guarded_server.client() as client:
+        while True:
+            text = client.get("/metrics").text
+            if gc_pause_count(text, 2) >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)  # the clock's thread feeds the histogram once a second
+    assert gc_pause_count(text, 2) >= 1 and gc_pause_count(text, 1) >= 0, text[-2000:]
+
+
+def test_a_pause_clock_times_collections_and_lets_go_of_the_collector():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from sieve.service.heap import PauseClock
+
+    histogram = Histogram("pauses", "test", ["generation"], registry=CollectorRegistry())
+    clock = PauseClock(histogram, flush_s=60).start()
+    try:
+        gc.collect(1)
+        gc.collect(2)
+        gc.collect(0)  # not timed
+    finally:
+        clock.stop()  # flushes what is pending
+    assert clock not in gc.callbacks
+    counts = {s.labels["generation"]: s.value for s in histogram.collect()[0].samples if s.name == "pauses_count"}
+    assert counts == {"1": 1.0, "2": 1.0}

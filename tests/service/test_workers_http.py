@@ -115,6 +115,11 @@ def test_every_worker_froze_its_start_up_objects(team):
     team.wait_ready(120)
     counts = [int(n) for n in re.findall(r"froze (\d+) start-up objects", team.log_path.read_text())]
     assert len(counts) >= WORKERS and all(n > 50_000 for n in counts), counts
+    deadline = time.monotonic() + 30  # each worker's start-up collection, timed, summed over the workers
+    with team.client() as client:
+        while metric(client.get("/metrics").text, "sieve_gc_pause_seconds_count", generation="2") < WORKERS:
+            assert time.monotonic() < deadline, "the workers' generation-2 pauses are not all on /metrics"
+            time.sleep(0.5)
 
 
 def test_a_write_through_one_worker_is_read_through_the_other(team):
