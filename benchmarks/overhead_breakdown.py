@@ -151,7 +151,8 @@ def main() -> None:
     path = Path("/tmp") / f"overhead-bodies-{os.getpid()}.jsonl"
     query_bodies(path)
     bodies = [line.encode() for line in path.read_text().splitlines()]
-    app = create_app(Settings(index_dir=args.index, log_level="warning"), loader=load_components)
+    # as `sieve serve` runs it: the start-up heap frozen, the collector's pauses timed (service/heap.py)
+    app = create_app(Settings(index_dir=args.index, log_level="warning"), loader=load_components, served_process=True)
     rows = asyncio.run(measure(app, bodies, args))
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "rows": rows, "index": str(args.index),
