@@ -202,9 +202,7 @@ def create_app(settings: Settings | None = None,
         watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
-        pauses = heap.PauseClock(app.state.metrics.gc_pause).start() if served_process else None
-        if served_process:
-            heap.freeze_after_startup()  # its collection is the first pause timed
+        pauses = heap.settle(app.state.metrics.gc_pause) if served_process else None
         yield  # one of several worker processes: ready once it listens (supervisor.WorkerServer, /readyz)
         app.state.updater.close()
         if app.state.feedback is not None:

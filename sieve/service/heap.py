@@ -27,6 +27,14 @@ import time
 log = logging.getLogger("sieve.heap")
 
 
+def settle(pause_histogram) -> "PauseClock":
+    """The served process at the end of its start-up: its pauses timed from now on (the freeze's own collection is
+    the first), then its start-up objects frozen. Returns the clock, to stop at shutdown."""
+    clock = PauseClock(pause_histogram).start()
+    freeze_after_startup()
+    return clock
+
+
 def freeze_after_startup() -> int:
     """Collect what start-up left unreachable, then freeze the rest; returns how many objects were frozen."""
     started = time.perf_counter()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import re
+import time
 
 from fastapi.testclient import TestClient
 
@@ -45,8 +46,6 @@ def gc_pause_count(metrics_text: str, generation: int) -> float:
 def test_the_served_process_times_its_full_collections(guarded_server):
     """The start-up collection before the freeze is the first generation-2 pause /metrics counts; both series
     exist from the start (a dashboard panel reads them)."""
-    import time
-
     guarded_server.wait_ready(120)
     deadline = time.monotonic() + 30
     with guarded_server.client() as client:

@@ -21,6 +21,7 @@ import pytest
 from sieve.index import SearchIndex
 from sieve.service import workers
 from tests.server import Server
+from tests.service.test_heap import frozen_counts, gc_pause_count
 
 WORKERS = 2
 REPLACED_WITHIN_S = 600  # a new worker loads the bi-encoder: seconds on a quiet machine, minutes on a busy one
@@ -113,11 +114,11 @@ def test_every_worker_froze_its_start_up_objects(team):
     """Each worker's full garbage collections skip what its start-up made (service/heap.py): one freeze per worker
     started, after its models and index were loaded."""
     team.wait_ready(120)
-    counts = [int(n) for n in re.findall(r"froze (\d+) start-up objects", team.log_path.read_text())]
+    counts = frozen_counts(team.log_path.read_text())
     assert len(counts) >= WORKERS and all(n > 50_000 for n in counts), counts
     deadline = time.monotonic() + 30  # each worker's start-up collection, timed, summed over the workers
     with team.client() as client:
-        while metric(client.get("/metrics").text, "sieve_gc_pause_seconds_count", generation="2") < WORKERS:
+        while gc_pause_count(client.get("/metrics").text, 2) < WORKERS:
             assert time.monotonic() < deadline, "the workers' generation-2 pauses are not all on /metrics"
             time.sleep(0.5)
 
