@@ -65,6 +65,16 @@ class Side:
         return f"http://127.0.0.1:{self.port}"
 
 
+def tree_state(tree: Path) -> tuple[str, list[str]]:
+    """The checkout's HEAD commit and the tracked files it has changed since (a run of an uncommitted tree measures
+    more than its commit)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout
+
+    return git("rev-parse", "HEAD").strip(), [line[3:] for line in git("status", "--porcelain",
+                                                                         "--untracked-files=no").splitlines()]
+
+
 def free_port() -> int:
     import socket
 
@@ -401,10 +411,8 @@ def main(argv=None) -> None:
               "command": shlex.join(["python", "benchmarks/overhead.py", *(sys.argv[1:] if argv is None else argv)]),
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     if args.baseline_tree:
-        result["baseline_commit"] = subprocess.run(["git", "-C", str(args.baseline_tree), "rev-parse", "HEAD"],
-                                                   capture_output=True, text=True).stdout.strip()
-    result["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                      text=True).stdout.strip()
+        result["baseline_commit"], result["baseline_uncommitted"] = tree_state(Path(args.baseline_tree))
+    result["commit"], result["uncommitted"] = tree_state(REPO)
     result["hog"], result["hog_cpu"] = args.hog, args.hog_cpu
     with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp, hogs(args.hog, args.hog_cpu):
         tmp = Path(tmp)
