@@ -437,11 +437,24 @@ def main(argv=None) -> None:
     print(json.dumps(result["verdict"], indent=2))
 
 
+def paired_ratios(rows: list[dict], side: str, base: str) -> list[float]:
+    """`side`'s server CPU per request over `base`'s, round by round: the two blocks of a round ran back to back, so
+    a host that slows through the hour moves both (the comparison to report on a shared machine)."""
+    cpu = {(r["round"], r["side"]): r["server_cpu_ms_per_request"] for r in rows}
+    return [round(cpu[(n, side)] / cpu[(n, base)], 3) for n in sorted({r["round"] for r in rows})
+            if (n, side) in cpu and (n, base) in cpu and cpu[(n, base)]]
+
+
 def verdict(sections: dict) -> dict:
     out = {}
     zero = sections.get("zero_cost", {}).get("summary", {})
     if "this-1w" in zero:
         out["zero_cost_server_cpu_ms_median"] = {side: s["server_cpu_ms_median"] for side, s in zero.items()}
+    rows = sections.get("zero_cost", {}).get("rows", [])
+    if "this-1w" in zero and "main" in zero:
+        ratios = paired_ratios(rows, "this-1w", "main")
+        out["zero_cost_cpu_ratio_vs_main_by_round"] = ratios
+        out["zero_cost_cpu_ratio_vs_main_median"] = round(statistics.median(ratios), 3) if ratios else None
     if "this-1w" in zero and "this-2w" in zero:
         out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
     for one, two in (("this-1w-unpinned", "this-2w-unpinned"), ("this-1w", "this-2w-interp"),

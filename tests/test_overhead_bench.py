@@ -1,0 +1,38 @@
+"""benchmarks/overhead.py: what its JSON says of a comparison (no servers started here)."""
+from __future__ import annotations
+
+import subprocess
+
+from benchmarks.overhead import paired_ratios, tree_state, verdict
+
+
+def row(n: int, side: str, cpu: float) -> dict:
+    return {"round": n, "side": side, "server_cpu_ms_per_request": cpu, "qps": 100.0}
+
+
+def test_the_ratio_to_main_is_taken_round_by_round():
+    rows = [row(0, "this-1w", 1.8), row(0, "main", 2.0), row(1, "main", 3.0), row(1, "this-1w", 2.7),
+            row(2, "this-1w", 2.2)]  # round 2 has no main block: no ratio for it
+    assert paired_ratios(rows, "this-1w", "main") == [0.9, 0.9]
+    summary = {"this-1w": {"server_cpu_ms_median": 2.2, "qps_pooled": 1.0},
+               "main": {"server_cpu_ms_median": 2.5, "qps_pooled": 1.0}}
+    got = verdict({"zero_cost": {"rows": rows, "summary": summary}})
+    assert got["zero_cost_cpu_ratio_vs_main_by_round"] == [0.9, 0.9]
+    assert got["zero_cost_cpu_ratio_vs_main_median"] == 0.9
+    assert "zero_cost_cpu_ratio_vs_main_median" not in verdict({"zero_cost": {"rows": rows, "summary": {
+        "this-1w": summary["this-1w"]}}})
+
+
+def test_a_tree_with_uncommitted_changes_says_which(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    commit, changed = tree_state(tmp_path)
+    assert len(commit) == 40 and changed == []
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "new.py").write_text("")  # untracked: not the measured tree's business
+    assert tree_state(tmp_path) == (commit, ["a.py"])
