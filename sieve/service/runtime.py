@@ -40,7 +40,7 @@ def torch_product_pays(vendor: str, family: int, avx512: bool) -> bool:
     exact search on this CPU kind, as measured (benchmarks/dense_batch.py, SciFact's 5,183 x 384, top 512, batches
     of 2-32): on Intel Xeon hosts 0.49-0.72x (eleventh session); on AMD EPYC Zen 5 (family 26) 0.67-0.80x
     (`dense_batch_zen5.json`, sixteenth session); on AMD EPYC Zen 3 (family 25 without AVX-512) 0.73-0.97x
-    (`dense_batch_zen3.json`, seventeenth session), and a served zero-cost /search 0.94x the server CPU of FAISS's
+    (`dense_batch_zen3.json`, seventeenth session), and a served zero-cost /search 0.93x the server CPU of FAISS's
     (`overhead_zen3_s17_torch.json`); on AMD Zen 4 (family 25 with AVX-512, where FAISS runs its AVX-512 kernels)
     1.25-1.4x in a loaded server's vector search (twelfth session), so Zen 4 keeps FAISS, as does any AMD before
     family 25 (not measured) and any other vendor (RESULTS.md, issue 32)."""
