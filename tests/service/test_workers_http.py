@@ -241,12 +241,13 @@ def test_a_killed_worker_is_replaced_and_no_acknowledged_write_is_lost(team):
     os.kill(victim, signal.SIGKILL)
     while workers.alive(victim):  # SIGKILL is delivered at once: wait for the exit (a zombie is not alive)
         time.sleep(0.01)
-    with team.client() as c:  # dead, reaped by the supervisor or not: no longer counted as serving
-        assert c.get("/readyz").status_code == 503
+    # dead, reaped by the supervisor or not: no longer counted as serving (asked on new connections, each tried again
+    # when the kernel resets it, as a connection that met the victim's socket closing is: on_a_new_connection)
+    assert on_a_new_connection(team, "GET", "/readyz").status_code == 503
     for t in threads:
         t.join(timeout=300)
     assert len(writes.acked) >= 6
-    missing = [i for i in writes.acked if fresh_get(team, f"/documents/{i}").status_code != 200]
+    missing = [i for i in writes.acked if on_a_new_connection(team, "GET", f"/documents/{i}").status_code != 200]
     assert not missing, f"acknowledged, then not served by the surviving worker: {missing[:5]}"
     replaced = wait_for_replacement(team, victim, survivor)
     c, pid = client_on_another_worker(team, survivor)  # the replacement answers too, and has every write
