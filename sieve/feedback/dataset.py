@@ -32,7 +32,6 @@ class Entry:
     targets: dict[str, float]
     ranks: dict[str, int] = field(default_factory=dict)  # clicked id -> 1-based rank shown (the guard's IPS)
     t: float = 0.0  # when the answer was given (unix time): time splits
-    shown: tuple[str, ...] = ()  # the ids the answer showed (empty: not known, every candidate counts as shown)
 
 
 @dataclass
@@ -42,7 +41,6 @@ class ClickLists:
     features: np.ndarray  # (Q, K, F) float32
     targets: np.ndarray  # (Q, K) float32
     keys: list[str]
-    shown: np.ndarray | None = None  # (Q, K) bool: the candidate was shown in the answer (or is a target)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -50,14 +48,14 @@ class ClickLists:
     def select(self, picks) -> "ClickLists":
         picks = np.asarray(picks, dtype=np.int64)
         return ClickLists(self.query_vectors[picks], self.rows[picks], self.features[picks], self.targets[picks],
-                          [self.keys[i] for i in picks], None if self.shown is None else self.shown[picks])
+                          [self.keys[i] for i in picks])
 
 
 def build(entries: list[Entry], index, depth: int) -> tuple[ClickLists, dict]:
     """Lists over the documents still in the index (a deleted one is left out); a list none of whose targets is
     among its candidates is dropped (counted)."""
     d = len(entries[0].vector) if entries else 0
-    vecs, rows, feats, targets, keys, shown = [], [], [], [], [], []
+    vecs, rows, feats, targets, keys = [], [], [], [], []
     stats = {"lists": 0, "targets_not_in_candidates": 0, "documents_gone": 0}
     for e in entries:
         present = [i for i, doc in enumerate(e.ids[:depth]) if index.has_id(doc)]
@@ -75,17 +73,12 @@ def build(entries: list[Entry], index, depth: int) -> tuple[ClickLists, dict]:
         r[:len(ids)] = index.rows_for_ids(ids)
         f = np.zeros((depth, len(FEATURES)), np.float32)
         f[:len(ids)] = features(e.be[present], e.bm25[present])
-        seen = np.zeros(depth, bool)
-        seen[:len(ids)] = [not e.shown or doc in e.shown or doc in e.targets for doc in ids]
         vecs.append(e.vector), rows.append(r), feats.append(f), targets.append(t), keys.append(e.key)
-        shown.append(seen)
     stats["lists"] = len(keys)
     if not keys:
         return ClickLists(np.zeros((0, d), np.float32), np.zeros((0, depth), np.int64),
-                          np.zeros((0, depth, len(FEATURES)), np.float32), np.zeros((0, depth), np.float32), [],
-                          np.zeros((0, depth), bool)), stats
-    return ClickLists(np.stack(vecs).astype(np.float32), np.stack(rows), np.stack(feats), np.stack(targets), keys,
-                      np.stack(shown)), stats
+                          np.zeros((0, depth, len(FEATURES)), np.float32), np.zeros((0, depth), np.float32), []), stats
+    return ClickLists(np.stack(vecs).astype(np.float32), np.stack(rows), np.stack(feats), np.stack(targets), keys), stats
 
 
 @dataclass
@@ -150,5 +143,5 @@ class Logs:
                     targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / props.of(rank), clip))
                     ranks[e["doc_id"]] = rank
             entries.append(Entry(imp["query_key"], unpack(full["vector"]), full["candidates"], unpack(full["be"]),
-                                 unpack(full["bm25"]), targets, ranks, imp["t"], tuple(imp["shown"])))
+                                 unpack(full["bm25"]), targets, ranks, imp["t"]))
         return entries, {"answers_with_events": len(entries) + unjoined, "without_candidates": unjoined}

@@ -4,8 +4,8 @@ judged on held-out answers, published into the index.
 The logged /search answers are split three ways, as the CMC learner splits them (`--split`): by query (a stable
 hash of the query key: a query is on one side in every run) or by time (the latest answers held out, the latest of
 the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
-answer's logged candidates (replacing the memory served now, if any; each clicked document ranked among what its
-answer showed: `shown_dcg`) with every (w_q, w_n, w_d, m, near_min, near_k) of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
+answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
+of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
 near_k of them); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
 a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
@@ -32,17 +32,6 @@ W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the 
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
 NEAR_GRID = (0.7, 0.8, 0.9)  # cosine from which a near remembered query counts
 NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
-
-
-def shown_dcg(scores: np.ndarray, lists: ClickLists) -> np.ndarray:
-    """IPS-DCG per answer of the ranking `scores` gives the documents the answer showed (feedback_learn.ips_dcg over
-    the logged candidates with those not shown left out). A document nobody was shown for that query has no click
-    evidence either way: ranked among the logged candidates it would count as not relevant, so promoting any unshown
-    document (what the nearest-queries term does: its neighbours' clicks) would count as a loss; here it counts
-    neither way, and the memory is judged on how it orders what users saw."""
-    if lists.shown is not None:
-        scores = np.where(lists.shown, scores, -np.inf)
-    return ips_dcg(scores, lists)
 
 
 def bucket(key: str) -> float:
@@ -95,9 +84,9 @@ class Scored:
     def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
         """IPS-DCG per answer of the ranking with `memory` (None: the ranking served now)."""
         if memory is None:
-            return shown_dcg(self.base if self.served is None else self.served, self.lists)
+            return ips_dcg(self.base if self.served is None else self.served, self.lists)
         fq, fn, fd = self.terms(memory)
-        return shown_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
+        return ips_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
 
 
 def scored(entries: list[Entry], index, depth: int, served_scores, served_memory: ClickMemory | None) -> Scored:
@@ -134,7 +123,7 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
-    none = sum(float(shown_dcg(s.base, s.lists).sum()) for s in judged) / answers
+    none = sum(float(ips_dcg(s.base, s.lists).sum()) for s in judged) / answers
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
@@ -147,7 +136,7 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             if not (a or b or c) or (a and not known) or \
                     (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
-            value = sum(float(shown_dcg(s.base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
+            value = sum(float(ips_dcg(s.base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
                         for s, (fq, fn, fd) in zip(judged, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
                       "near_k": near_k}
@@ -240,7 +229,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         served_dcg, new_dcg = held.dcg(), held.dcg(memory)
         report["guard"] = {**compare(new_dcg - served_dcg, cfg), "served_ips_dcg": round(float(served_dcg.mean()), 5)}
         if served_memory is not None:  # an update: also judged against the ranking without any memory
-            report["guard"]["vs_no_memory"] = compare(new_dcg - shown_dcg(held.base, held.lists), cfg)
+            report["guard"]["vs_no_memory"] = compare(new_dcg - ips_dcg(held.base, held.lists), cfg)
     if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
         refused = "no memory weight beat the ranking without a memory on the validation answers"
     else:
@@ -251,4 +240,3 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         return None, report
     memory.about["guard"] = report["guard"]
     return memory, report
-

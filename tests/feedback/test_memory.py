@@ -187,34 +187,3 @@ def test_ips_dcg_ranks_targets_as_a_stable_sort_does():
     want = (targets / np.log2(2.0 + ranks)).sum(axis=1)
     np.testing.assert_allclose(ips_dcg(scores, SimpleNamespace(targets=targets)), want, rtol=1e-12)
     assert ips_dcg(scores, SimpleNamespace(targets=np.zeros_like(scores))).tolist() == [0.0] * 300
-
-
-def test_the_memory_learner_judges_only_what_the_answer_showed():
-    """`shown_dcg` ranks each clicked target among the candidates its answer showed (and the targets): a memory that
-    promotes a candidate nobody was shown is not counted as a loss (there is no click evidence on it either way),
-    while its order of the shown ones is; `build` marks shown candidates and targets, and every candidate when the
-    entry does not say what was shown."""
-    from types import SimpleNamespace
-
-    from sieve.feedback.dataset import Entry, build
-    from sieve.training.feedback_learn import ips_dcg
-    from sieve.training.memory_learn import shown_dcg
-
-    # candidates a b c d; shown a b c; b clicked; d (not shown) promoted to the top
-    lists = SimpleNamespace(targets=np.array([[0.0, 2.0, 0.0, 0.0]]), shown=np.array([[True, True, True, False]]))
-    served = np.array([[4.0, 3.0, 2.0, 1.0]])
-    promoted = np.array([[4.0, 3.0, 2.0, 9.0]])
-    assert ips_dcg(promoted, lists)[0] < ips_dcg(served, lists)[0]  # over all candidates: a loss
-    assert shown_dcg(promoted, lists)[0] == shown_dcg(served, lists)[0] == 2.0 / np.log2(3.0)
-    lifted = np.array([[4.0, 5.0, 2.0, 1.0]])  # b over a: the shown order improves, and counts
-    assert shown_dcg(lifted, lists)[0] == 2.0
-    assert shown_dcg(promoted, SimpleNamespace(targets=lists.targets, shown=None))[0] == ips_dcg(promoted, lists)[0]
-
-    ids = ["a", "b", "c", "d"]
-    index = SimpleNamespace(has_id=lambda doc: True, rows_for_ids=lambda docs: np.arange(len(docs)))
-    zeros = np.zeros(4, np.float32)
-    with_shown = Entry("q", np.ones(3, np.float32), ids, zeros, zeros, {"d": 1.0}, {}, 0.0, ("a", "b"))
-    unknown = Entry("q", np.ones(3, np.float32), ids, zeros, zeros, {"d": 1.0})
-    built, _ = build([with_shown, unknown], index, 5)
-    assert built.shown.tolist() == [[True, True, False, True, False], [True, True, True, True, False]]
-    assert built.select([1]).shown.tolist() == [[True, True, True, True, False]]
