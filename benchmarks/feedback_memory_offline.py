@@ -100,15 +100,21 @@ def learned(index: Path, cfg_kwargs: dict):
     return memory, report
 
 
-def main() -> None:
-    from sieve.evaluation.report import machine_info
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments of a what-if on a feedback_sim.py run's logs (this script's and feedback_memory_oracle.py's)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", type=Path, required=True, help="a feedback_sim.py work index, its logs in feedback/")
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--split", default="dev")
     ap.add_argument("--cache", type=Path, help="the evaluation queries' served lists (computed once)")
     ap.add_argument("--heldout", type=float, default=0.2)
+    return ap
+
+
+def main() -> None:
+    from sieve.evaluation.report import machine_info
+
+    ap = run_arguments(__doc__)
     ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
     ap.add_argument("--out", type=Path, required=True)

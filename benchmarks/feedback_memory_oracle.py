@@ -12,7 +12,6 @@ Use the dev split: the evaluation split here is chosen on, so the test split wou
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -91,12 +90,7 @@ def spearman(x, y) -> float:
 def main() -> None:
     from sieve.evaluation.report import machine_info
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--index", type=Path, required=True, help="a feedback_sim.py work index, its logs in feedback/")
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--split", default="dev")
-    ap.add_argument("--cache", type=Path, help="the evaluation queries' served lists (computed once)")
-    ap.add_argument("--heldout", type=float, default=0.2)
+    ap = offline.run_arguments(__doc__)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     load_before, began = os.getloadavg(), time.monotonic()
