@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import feedback_memory_offline as offline  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
 
-W = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # x the score unit, as memory_learn.W_GRID (its first 8)
 NEAR = ((0.7, 1), (0.7, 8), (0.8, 1), (0.8, 8), (0.9, 1))  # (near_min, near_k)
 
 
@@ -36,25 +35,30 @@ def grid(index: Path, lists: dict, data, heldout: float) -> tuple[list[dict], di
     from sieve.training import memory_learn
     from sieve.training.feedback_learn import ips_dcg
 
+    W = memory_learn.W_GRID[:8]  # x the score unit
     seen = {}
-    select = memory_learn.select
+    learn, select = memory_learn.learn_memory, memory_learn.select
 
-    def capture(folds, props, unit, vectors):  # the learner's own folds, propensities, unit and query vectors
+    def capture_learn(cfg, logs, *rest):  # the logs and settings the learner reads
+        seen.update(cfg=cfg, logs=logs)
+        return learn(cfg, logs, *rest)
+
+    def capture_select(folds, props, unit, vectors):  # its folds, propensities, score unit and query vectors
         seen.update(folds=folds, props=props, unit=unit, vectors=vectors)
         return select(folds, props, unit, vectors)
 
-    memory_learn.select = capture
+    memory_learn.learn_memory, memory_learn.select = capture_learn, capture_select
     try:
         _, report = offline.learned(index, {"heldout": heldout})
     finally:
-        memory_learn.select = select
-    folds, props, unit, vectors = seen["folds"], seen["props"], seen["unit"], seen["vectors"]
+        memory_learn.learn_memory, memory_learn.select = learn, select
+    folds, props, unit, vectors, cfg = (seen[k] for k in ("folds", "props", "unit", "vectors", "cfg"))
     judged = [s for _, s in folds]
     none = np.concatenate([ips_dcg(s.base, s.lists) for s in judged])
-    from sieve.feedback.dataset import Logs
-    from sieve.service.config import Settings
-    answers = Logs.read(Settings(index_dir=index).feedback_path()).answers()
-    published = tally([a for a in answers if memory_learn.bucket(a.key) >= heldout], props)  # split by query
+    answers = seen["logs"].answers()
+    held_from, val_from = memory_learn.time_cuts(answers, cfg)
+    published = tally([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg) != "heldout"],
+                      props)  # the fit and validation answers: what the learner counts the memory it publishes from
     base = float(np.mean(list(offline.ndcgs(lists, data).values())))
     rows = []
     for m in memory_learn.PSEUDO_GRID:
