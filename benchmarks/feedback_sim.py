@@ -251,6 +251,8 @@ def main() -> None:
     ap.add_argument("--explore", type=float, default=0.0, help="SIEVE_FEEDBACK_EXPLORE_FRACTION (0 = off)")
     ap.add_argument("--explore-depth", type=int, default=50, help="SIEVE_FEEDBACK_EXPLORE_DEPTH")
     ap.add_argument("--explore-slots", type=int, default=1, help="SIEVE_FEEDBACK_EXPLORE_SLOTS")
+    ap.add_argument("--explore-from", choices=["ranks", "neighbours"], default="ranks",
+                    help="SIEVE_FEEDBACK_EXPLORE_FROM")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
     ap.add_argument("--ceiling", action="store_true", help="the full-information ceiling of what --learn learns")
@@ -279,14 +281,15 @@ def main() -> None:
     doc = {"dataset": args.data.name, "scenario": args.scenario, "sessions": args.sessions,
            "click_model": {"eta": args.eta, "p_plus": args.p_plus, "p_minus": args.p_minus, "top_k": 10},
            "swap_fraction": args.swap,
-           "explore": {"fraction": args.explore, "depth": args.explore_depth, "slots": args.explore_slots},
+           "explore": {"fraction": args.explore, "depth": args.explore_depth, "slots": args.explore_slots,
+                       "from": args.explore_from},
            "train_queries": len(train_data.queries), "eval_split":
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),
-        "SIEVE_FEEDBACK_EXPLORE_SLOTS": str(args.explore_slots)})
+        "SIEVE_FEEDBACK_EXPLORE_SLOTS": str(args.explore_slots), "SIEVE_FEEDBACK_EXPLORE_FROM": args.explore_from})
     # nDCG is measured on a second server over the same index with feedback off: no randomised swap in its answers
     judge = Served(index, work / "judge.log", 0.0, {"SIEVE_FEEDBACK_ENABLED": "false"})
     try:

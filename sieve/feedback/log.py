@@ -82,6 +82,32 @@ class AppendLog:
                 self.handle = None
 
 
+class Tail:
+    """The records a log gained since the last call (every process's segments), whole lines only: a reader that
+    follows the log as the writers append (`new()`)."""
+
+    def __init__(self, log: AppendLog):
+        self.log = log
+        self.offsets: dict[Path, int] = {}
+
+    def new(self) -> Iterator[dict]:
+        for path in self.log.segments():
+            offset = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]
+            self.offsets[path] = offset + len(whole)
+            for line in whole.splitlines():
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
 def read_records(root: Path, name: str) -> Iterator[dict]:
     """Every whole record of the log `name` under `root`, oldest segment first; a torn last line is skipped."""
     log = AppendLog.__new__(AppendLog)

@@ -6,7 +6,6 @@ up in the log on disk. `durable(request_id)` waits until that request's impressi
 acknowledged only when the impression it refers to is stored too."""
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -14,8 +13,10 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from sieve.feedback.log import AppendLog
-from sieve.feedback.records import first_stage, query_key
+import numpy as np
+
+from sieve.feedback.log import AppendLog, Tail
+from sieve.feedback.records import first_stage, query_key, unpack
 
 log = logging.getLogger("sieve")
 BATCH = 256
@@ -25,10 +26,11 @@ FLUSH_S = 0.2
 class DiskImpressions:
     """request id -> shown ids of impressions on disk (every process's segments), read incrementally."""
 
-    def __init__(self, log_: AppendLog, limit: int):
-        self.log, self.limit = log_, limit
-        self.offsets: dict[Path, int] = {}
+    def __init__(self, log_: AppendLog, limit: int, keep_vectors: bool = False):
+        self.log, self.limit, self.keep_vectors = log_, limit, keep_vectors
+        self.tail = Tail(log_)
         self.shown: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self.vectors: dict[str, str] = {}  # request id -> the packed query vector (keep_vectors: exploration)
         self.lock = threading.Lock()
 
     def get(self, request_id: str) -> tuple[str, ...] | None:
@@ -37,37 +39,32 @@ class DiskImpressions:
                 self.read_new()
             return self.shown.get(request_id)
 
+    def vector(self, request_id: str) -> np.ndarray | None:
+        with self.lock:
+            if request_id not in self.shown:
+                self.read_new()
+            packed = self.vectors.get(request_id)
+        return None if packed is None else unpack(packed)
+
     def read_new(self) -> None:
-        for path in self.log.segments():
-            offset = self.offsets.get(path, 0)
-            try:
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    data = handle.read()
-            except FileNotFoundError:
-                continue
-            whole = data[:data.rfind(b"\n") + 1]
-            self.offsets[path] = offset + len(whole)
-            for record in read_segment_bytes(whole):
-                self.shown[record["request_id"]] = tuple(record.get("shown", ()))
+        for record in self.tail.new():
+            self.shown[record["request_id"]] = tuple(record.get("shown", ()))
+            if self.keep_vectors and "vector" in record:
+                self.vectors[record["request_id"]] = record["vector"]
         while len(self.shown) > self.limit:
-            self.shown.popitem(last=False)
-
-
-def read_segment_bytes(data: bytes):
-    for line in data.splitlines():
-        try:
-            yield json.loads(line)
-        except ValueError:
-            continue
+            self.vectors.pop(self.shown.popitem(last=False)[0], None)
 
 
 class ImpressionRecorder:
-    def __init__(self, root: Path, retention_bytes: int, depth: int, keep_text: bool, memory: int):
+    def __init__(self, root: Path, retention_bytes: int, depth: int, keep_text: bool, memory: int,
+                 keep_vectors: bool = False):
+        """`keep_vectors`: each answer's query vector is kept beside its shown ids (`vector`: exploration led by
+        other users' clicks, service/feedback_service.py)."""
         self.log = AppendLog(root, "impressions", retention_bytes)
-        self.depth, self.keep_text, self.memory = depth, keep_text, memory
+        self.depth, self.keep_text, self.memory, self.keep_vectors = depth, keep_text, memory, keep_vectors
         self.shown: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # request id -> shown ids (this process)
-        self.disk = DiskImpressions(self.log, memory)
+        self.vectors: dict[str, object] = {}  # request id -> its query vector (a tensor, as the answer left it)
+        self.disk = DiskImpressions(self.log, memory, keep_vectors)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.queued = self.written = 0
         self.done = threading.Condition()
@@ -84,9 +81,15 @@ class ImpressionRecorder:
             self.queued += 1
             self.seq_of[request_id] = self.queued
             self.shown[request_id] = tuple(shown)
+            if self.keep_vectors and outcome is not None:
+                vectors = outcome.state.query_vectors
+                vector = vectors.get("cmc", vectors.get("be"))
+                if vector is not None:
+                    self.vectors[request_id] = vector
             while len(self.shown) > self.memory:
                 old, _ = self.shown.popitem(last=False)
                 self.seq_of.pop(old, None)
+                self.vectors.pop(old, None)
         self.jobs.put((request_id, endpoint, query, list(shown), outcome, swap, time.time(), explore))
 
     # -- POST /feedback ---------------------------------------------------------------------------------------
@@ -99,6 +102,15 @@ class ImpressionRecorder:
             time.sleep(FLUSH_S + 0.1)
             found = self.disk.get(request_id)
         return found
+
+    def vector(self, request_id: str) -> np.ndarray | None:
+        """The query vector of an answer (keep_vectors): this process's, else from the log on disk; None when it
+        had none (a cached answer) or is not known."""
+        with self.done:
+            vector = self.vectors.get(request_id)
+        if vector is not None:
+            return vector.detach().float().cpu().numpy().reshape(-1)
+        return self.disk.vector(request_id) if self.keep_vectors else None
 
     def durable(self, request_id: str, timeout_s: float = 10.0) -> bool:
         """Wait until this process's impression of `request_id` is fsynced (True at once for one read from disk)."""

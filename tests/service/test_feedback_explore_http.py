@@ -78,3 +78,53 @@ def test_nothing_explores_at_fraction_zero():
     service.explore_fraction = 0.25
     share = sum(FeedbackService.pick_explore(service) for _ in range(4000)) / 4000
     assert 0.2 < share < 0.3
+
+
+@pytest.fixture(scope="module")
+def led(demo_index, tmp_path_factory):
+    index = tmp_path_factory.mktemp("explore-led") / "index"
+    shutil.copytree(demo_index, index)
+    srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_FEEDBACK_ENABLED": "true", "SIEVE_CACHE_ENABLED": "false",
+                  "SIEVE_FEEDBACK_EXPLORE_FRACTION": "1", "SIEVE_FEEDBACK_EXPLORE_DEPTH": "7",
+                  "SIEVE_FEEDBACK_EXPLORE_SLOTS": "2", "SIEVE_FEEDBACK_EXPLORE_FROM": "neighbours",
+                  "SIEVE_FEEDBACK_EXPLORE_NEAR": "0.8"}, tmp_path_factory.mktemp("logs") / "explore-led-server.log")
+    yield srv, index
+    srv.stop()
+
+
+def explored_ids(index, answers) -> list[list[tuple[int, str]]]:
+    """Each answer's explored (served rank, id) pairs, from its impression."""
+    for _ in range(50):  # the impressions are written off the request path
+        impressions = {r["request_id"]: r for r in read_records(index / "feedback", "impressions")}
+        if all(a["request_id"] in impressions for a in answers):
+            break
+        time.sleep(0.1)
+    out = []
+    for a in answers:
+        shown = {position: h["id"] for position, h in enumerate(a["results"], 1)}
+        out.append([(rank, shown[position]) for position, rank in impressions[a["request_id"]].get("explore", [])])
+    return out
+
+
+def test_exploration_shows_what_similar_queries_users_clicked(led):
+    """A document deep in one query's ranking (far below the explore depth), clicked by the user of a similar query,
+    fills an exploring slot of every later answer to the first query, at its served rank (logged); the other slot
+    is drawn from the ranks as before; a query unlike the clicking one gets no such document."""
+    srv, index = led
+    query, similar, unlike = "how do volcanoes erupt", "why do volcanoes erupt", "a sourdough starter for bread"
+    with srv.client() as c:
+        every = lambda q: c.post("/search", json={"query": q, "top_k": 60}).json()  # noqa: E731 - nothing deeper
+        served = [h["id"] for h in every(query)["results"]]
+        clicked_by = every(similar)  # shows every document: the click can be on any
+        target = served[29]  # rank 30 of the query: uniform exploration (ranks 6-7) never shows it
+        assert explored_ids(index, [clicked_by]) == [[]]
+        r = c.post("/feedback", json={"events": [{"request_id": clicked_by["request_id"], "doc_id": target}]})
+        assert r.status_code == 200, r.text
+        time.sleep(2.5)  # the clicks are read off the request path, once a second
+        answers = [c.post("/search", json={"query": query, "top_k": 5}).json() for _ in range(6)]
+        others = [c.post("/search", json={"query": unlike, "top_k": 5}).json() for _ in range(6)]
+    for pairs in explored_ids(index, answers):
+        assert (30, target) in pairs and len(pairs) == 2
+        assert [rank for rank, _ in pairs if rank != 30][0] in (6, 7)
+    for pairs in explored_ids(index, others):
+        assert len(pairs) == 2 and all(rank in (6, 7) for rank, _ in pairs)
