@@ -21,6 +21,13 @@ from sieve.feedback.records import first_stage, query_key, unpack
 log = logging.getLogger("sieve")
 BATCH = 256
 FLUSH_S = 0.2
+VECTORS_KEPT = 20_000  # keep_vectors: the latest answers whose query vectors a click can still be matched with
+
+
+def forget(vectors: dict) -> None:
+    """The oldest query vectors dropped past VECTORS_KEPT (a dict keeps its insertion order)."""
+    while len(vectors) > VECTORS_KEPT:
+        del vectors[next(iter(vectors))]
 
 
 class DiskImpressions:
@@ -52,7 +59,8 @@ class DiskImpressions:
             if self.keep_vectors and "vector" in record:
                 self.vectors[record["request_id"]] = record["vector"]
         while len(self.shown) > self.limit:
-            self.vectors.pop(self.shown.popitem(last=False)[0], None)
+            self.shown.popitem(last=False)
+        forget(self.vectors)
 
 
 class ImpressionRecorder:
@@ -63,7 +71,7 @@ class ImpressionRecorder:
         self.log = AppendLog(root, "impressions", retention_bytes)
         self.depth, self.keep_text, self.memory, self.keep_vectors = depth, keep_text, memory, keep_vectors
         self.shown: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # request id -> shown ids (this process)
-        self.vectors: dict[str, object] = {}  # request id -> its query vector (a tensor, as the answer left it)
+        self.vectors: dict[str, np.ndarray] = {}  # request id -> its query vector (keep_vectors)
         self.disk = DiskImpressions(self.log, memory, keep_vectors)
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.queued = self.written = 0
@@ -84,12 +92,13 @@ class ImpressionRecorder:
             if self.keep_vectors and outcome is not None:
                 vectors = outcome.state.query_vectors
                 vector = vectors.get("cmc", vectors.get("be"))
-                if vector is not None:
-                    self.vectors[request_id] = vector
+                if vector is not None:  # a copy: a row of the batch's tensor would keep the whole batch alive
+                    self.vectors[request_id] = vector.detach().float().cpu().numpy().reshape(-1).copy()
             while len(self.shown) > self.memory:
                 old, _ = self.shown.popitem(last=False)
                 self.seq_of.pop(old, None)
                 self.vectors.pop(old, None)
+            forget(self.vectors)
         self.jobs.put((request_id, endpoint, query, list(shown), outcome, swap, time.time(), explore))
 
     # -- POST /feedback ---------------------------------------------------------------------------------------
@@ -109,7 +118,7 @@ class ImpressionRecorder:
         with self.done:
             vector = self.vectors.get(request_id)
         if vector is not None:
-            return vector.detach().float().cpu().numpy().reshape(-1)
+            return vector
         return self.disk.vector(request_id) if self.keep_vectors else None
 
     def durable(self, request_id: str, timeout_s: float = 10.0) -> bool:
