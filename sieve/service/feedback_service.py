@@ -41,10 +41,10 @@ class FeedbackService:
         self.explore_fraction = settings.feedback_explore_fraction
         self.explore_depth, self.explore_slots = settings.feedback_explore_depth, settings.feedback_explore_slots
         self.rng = random.Random()
-        self.clicks = Tail(self.store.log)  # the events log, followed for the neighbours' clicks
         self.stopped = threading.Event()
         self.follower = None
         if self.neighbours is not None:
+            self.clicks = Tail(self.store.log)  # the events log, followed for the neighbours' clicks
             self.follower = threading.Thread(target=self.follow, name="sieve-explore-clicks", daemon=True)
             self.follower.start()
 
@@ -88,7 +88,7 @@ class FeedbackService:
     def follow(self) -> None:
         """The neighbours' feed, in a thread of its own (off the request path): every CATCH_UP_S, the clicks every
         worker logged since (the events log on disk, from its oldest segment at start-up), each with its answer's
-        query vector (kept for the last SIEVE_FEEDBACK_MEMORY answers)."""
+        query vector (kept for the latest answers: recorder.VECTORS_KEPT)."""
         while not self.stopped.wait(CATCH_UP_S):
             try:
                 self.catch_up()
