@@ -87,7 +87,7 @@ def led(demo_index, tmp_path_factory):
     srv = Server({"SIEVE_INDEX_DIR": str(index), "SIEVE_FEEDBACK_ENABLED": "true", "SIEVE_CACHE_ENABLED": "false",
                   "SIEVE_FEEDBACK_EXPLORE_FRACTION": "1", "SIEVE_FEEDBACK_EXPLORE_DEPTH": "7",
                   "SIEVE_FEEDBACK_EXPLORE_SLOTS": "2", "SIEVE_FEEDBACK_EXPLORE_FROM": "neighbours",
-                  "SIEVE_FEEDBACK_EXPLORE_NEAR": "0.8"}, tmp_path_factory.mktemp("logs") / "explore-led-server.log")
+                  "SIEVE_FEEDBACK_EXPLORE_NEAR": "0.8", "SIEVE_WORKERS": "1"}, tmp_path_factory.mktemp("logs") / "explore-led-server.log")
     yield srv, index
     srv.stop()
 
@@ -120,7 +120,12 @@ def test_exploration_shows_what_similar_queries_users_clicked(led):
         assert explored_ids(index, [clicked_by]) == [[]]
         r = c.post("/feedback", json={"events": [{"request_id": clicked_by["request_id"], "doc_id": target}]})
         assert r.status_code == 200, r.text
-        time.sleep(2.5)  # the clicks are read off the request path, once a second
+        deadline = time.monotonic() + 30  # the clicks are read from the events log off the request path, once a second
+        while time.monotonic() < deadline:
+            first = c.post("/search", json={"query": query, "top_k": 5}).json()
+            if (30, target) in explored_ids(index, [first])[0]:
+                break
+            time.sleep(0.2)
         answers = [c.post("/search", json={"query": query, "top_k": 5}).json() for _ in range(6)]
         others = [c.post("/search", json={"query": unlike, "top_k": 5}).json() for _ in range(6)]
     for pairs in explored_ids(index, answers):
