@@ -72,10 +72,10 @@ def ndcgs(lists: dict, data, memory=None) -> dict:
     return out
 
 
-def learned(index: Path, cfg_kwargs: dict):
+def learned(index: Path, cfg_kwargs: dict, clip: float | None = None):
     """(memory chosen whatever the guard said, report) of `sieve feedback learn --learn memory` on the index's logs."""
     from sieve.feedback import propensity
-    from sieve.feedback.dataset import Logs
+    from sieve.feedback.dataset import CLIP, Logs
     from sieve.service.config import Settings
     from sieve.training import memory_learn
     from sieve.training.feedback_cli import opened
@@ -92,7 +92,8 @@ def learned(index: Path, cfg_kwargs: dict):
     memory_learn.memory_verdict = lambda guard, cfg: None  # what-if: the chosen memory, whatever the guard says
     try:
         memory, report = memory_learn.learn_memory(
-            cfg, logs, props, idx, lambda lists: scores_of(model, lists, Vectors(idx, lists)), None, 20.0)
+            cfg, logs, props, idx, lambda lists: scores_of(model, lists, Vectors(idx, lists)), None,
+            CLIP if clip is None else clip)
     finally:
         memory_learn.memory_verdict = judged
     report["verdict"] = judged(report["guard"], cfg) if report.get("guard") else report.get("not_installed")
@@ -108,6 +109,11 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--split", default="dev")
     ap.add_argument("--cache", type=Path, help="the evaluation queries' served lists (computed once)")
     ap.add_argument("--heldout", type=float, default=0.2)
+    ap.add_argument("--propensities", choices=("position", "policy"), default="policy",
+                    help="a click's weight: 1 / p(its rank), or 1 / its exposure over its query's answers")
+    ap.add_argument("--guard-propensities", choices=("position", "policy"), default="position",
+                    help="the guard's click weights")
+    ap.add_argument("--clip", type=float, default=None, help="largest inverse-propensity weight (default: the learner's)")
     return ap
 
 
@@ -127,7 +133,8 @@ def main() -> None:
         memory_learn.NEAR_GRID = tuple(float(x) for x in args.near_grid.split(","))
     if args.near_k_grid:
         memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
-    memory, report = learned(args.index, {"heldout": args.heldout})
+    memory, report = learned(args.index, {"heldout": args.heldout, "propensities": args.propensities,
+                                            "guard_propensities": args.guard_propensities}, args.clip)
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
            "split": args.split, "queries": len(lists),

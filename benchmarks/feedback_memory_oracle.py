@@ -30,7 +30,8 @@ from sieve.evaluation.dataset import load_split  # noqa: E402
 NEAR = ((0.7, 1), (0.7, 8), (0.8, 1), (0.8, 8), (0.9, 1))  # (near_min, near_k)
 
 
-def grid(index: Path, lists: dict, data, heldout: float) -> tuple[list[dict], dict]:
+def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "policy",
+         clip: float | None = None) -> tuple[list[dict], dict]:
     from sieve.feedback.memory import ClickMemory, tally
     from sieve.training import memory_learn
     from sieve.training.feedback_learn import ips_dcg
@@ -49,7 +50,7 @@ def grid(index: Path, lists: dict, data, heldout: float) -> tuple[list[dict], di
 
     memory_learn.learn_memory, memory_learn.select = capture_learn, capture_select
     try:
-        _, report = offline.learned(index, {"heldout": heldout})
+        _, report = offline.learned(index, {"heldout": heldout, "propensities": propensities}, clip)
     finally:
         memory_learn.learn_memory, memory_learn.select = learn, select
     folds, props, unit, vectors, cfg = (seen[k] for k in ("folds", "props", "unit", "vectors", "cfg"))
@@ -100,7 +101,7 @@ def main() -> None:
     load_before, began = os.getloadavg(), time.monotonic()
     data = load_split(args.data, args.split)
     lists = offline.served_lists(args.index, data, args.cache)
-    rows, learner = grid(args.index, lists, data, args.heldout)
+    rows, learner = grid(args.index, lists, data, args.heldout, args.propensities, args.clip)
     by_click = max(rows, key=lambda r: r["click_estimate"])
     oracle = max(rows, key=lambda r: r["eval_gain"])
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before, "split": args.split,

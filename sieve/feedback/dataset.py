@@ -1,6 +1,7 @@
 """Training lists from the logs: each answer that got clicks becomes the candidate list CMC ranked (the first
 SIEVE_FEEDBACK_LOG_CANDIDATES first-stage candidates, with the evidence they had) and a target weight per candidate:
-a clicked document weighs 1 / p(rank it was shown at) (inverse propensity, clipped), an explicit label label / 3.
+a clicked document weighs 1 / p(rank it was shown at) (inverse propensity, clipped), or, policy-aware (the click
+memory's selection), 1 / its exposure over its query's answers (`Logs.exposure`); an explicit label weighs label / 3.
 An answer served from the result cache is joined, by its query's hash, to the latest full impression of that query.
 The same lists, with qrels instead of clicks, are the learner's full-information ceiling (benchmarks/feedback_sim.py).
 """
@@ -18,7 +19,8 @@ from sieve.feedback.propensity import Propensities
 from sieve.feedback.records import unpack
 from sieve.pipeline.evidence import FEATURES, features
 
-CLIP = 20.0  # largest inverse-propensity weight: a click at rank 40 under 1/rank counts 20, not 40 (variance)
+CLIP = 100.0  # largest inverse-propensity weight (variance): a click on a document shown in 1 answer of 20 at rank 6
+# counts 100 under policy-aware weights, not 120; a click in a top 10 under 1/rank never reaches it
 
 
 @dataclass
@@ -121,8 +123,28 @@ class Logs:
             out.append(Shown(imp["query_key"], list(imp["shown"]), clicked & set(imp["shown"]), imp["t"]))
         return sorted(out, key=lambda a: a.t)
 
-    def entries(self, props: Propensities, clip: float = CLIP) -> tuple[list[Entry], dict]:
-        """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first."""
+    def exposure(self, props: Propensities) -> dict[str, tuple[int, dict[str, float]]]:
+        """Query key -> (its /search answers, doc id -> the examinations those answers gave it: the sum of p(rank)
+        over the answers that showed it). exams / answers is the document's policy-aware propensity for that query
+        (Oosterhuis & de Rijke, "Policy-aware unbiased learning to rank", WSDM 2020): the chance an answer of the
+        logging policy, which explores, showed it where it was examined."""
+        out: dict[str, tuple[int, dict[str, float]]] = {}
+        for imp in self.impressions.values():
+            if imp.get("endpoint") != "/search":
+                continue
+            n, exams = out.get(imp["query_key"], (0, {}))
+            for rank, doc in enumerate(imp["shown"], 1):
+                exams[doc] = exams.get(doc, 0.0) + props.of(rank)
+            out[imp["query_key"]] = (n + 1, exams)
+        return out
+
+    def entries(self, props: Propensities, clip: float = CLIP,
+                propensities: str = "position") -> tuple[list[Entry], dict]:
+        """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first.
+        propensities `position`: a click weighs 1 / p(the rank it was shown at); `policy`: 1 / (the examinations
+        its document got over its query's answers / those answers), so a document the logging policy showed in few
+        of its query's answers (exploration) weighs what it would have weighed shown in all of them (exposure)."""
+        exposure = self.exposure(props) if propensities == "policy" else {}
         latest = {}
         for imp in sorted(self.impressions.values(), key=lambda r: r["t"]):
             if "candidates" in imp and "vector" in imp:
@@ -140,7 +162,9 @@ class Logs:
                     targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), e["label"] / 3)
                 elif e["doc_id"] in imp["shown"]:
                     rank = imp["shown"].index(e["doc_id"]) + 1
-                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / props.of(rank), clip))
+                    n, exams = exposure.get(imp["query_key"], (0, {}))
+                    rho = exams[e["doc_id"]] / n if n and exams.get(e["doc_id"]) else props.of(rank)
+                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / rho, clip))
                     ranks[e["doc_id"]] = rank
             entries.append(Entry(imp["query_key"], unpack(full["vector"]), full["candidates"], unpack(full["be"]),
                                  unpack(full["bm25"]), targets, ranks, imp["t"]))

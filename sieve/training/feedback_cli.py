@@ -29,6 +29,7 @@ def log(message: str) -> None:
 
 
 def register(sub) -> None:
+    from sieve.feedback.dataset import CLIP
     from sieve.training.feedback_config import LearnConfig
 
     d = LearnConfig()
@@ -45,7 +46,12 @@ def register(sub) -> None:
     learn.add_argument("--teacher", type=float, default=d.teacher, help="weight of KL(served || model)")
     learn.add_argument("--layers", type=int, default=d.n_layers, help="attention layers added to a served CMC without any")
     learn.add_argument("--eta", type=float, default=1.0, help="the default propensity (1/rank)^eta, without swaps in the logs")
-    learn.add_argument("--clip", type=float, default=20.0, help="largest inverse-propensity weight")
+    learn.add_argument("--clip", type=float, default=CLIP, help="largest inverse-propensity weight")
+    learn.add_argument("--propensities", choices=["position", "policy"], default=d.propensities,
+                       help="the click weights the click memory's weights are selected on: 1 / its document's "
+                            "exposure over its query's answers (policy: a document exploration showed in few answers "
+                            "counts as if all had shown it), or 1 / p(the rank it was shown at); the guard and the "
+                            "CMC weigh by position")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -98,7 +104,7 @@ def learn(args, settings) -> int:
 
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
-                      min_heldout=args.min_heldout, seed=args.seed)
+                      min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
@@ -110,7 +116,7 @@ def learn(args, settings) -> int:
                                                            "top10": [round(props.of(r), 4) for r in range(1, 11)]}}
         codes, summary, model = [], {"installed": None, **about}, served.model.float().cpu().eval()
         if what in ("both", "cmc"):
-            entries, joined = logs.entries(props, args.clip)
+            entries, joined = logs.entries(props, args.clip, "position")
             lists, stats = build(entries, index, cfg.depth)
             with workspace(store.root):
                 code, summary, published = learn_lists(cfg, lists, index, store, biencoder, served, args,

@@ -23,3 +23,7 @@ class LearnConfig:
     bootstrap: int = 1000
     eval_every: int = 50
     seed: int = 0
+    # the click weights the click memory is selected on: 1 / its document's exposure over its query's answers (policy),
+    # or 1 / p(the rank it was shown at) (position); the CMC learner weighs by position
+    propensities: str = "policy"
+    guard_propensities: str = "position"  # the click weights of the held-out guard's estimate

@@ -6,11 +6,13 @@ hash of the query key: a query is on one side in every run) or by time (the late
 the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
 answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
 of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
-near_k of them); the one with the best mean IPS-DCG on the validation answers is kept if it beats the ranking without
+near_k of them); the one with the best mean IPS-DCG on the validation answers (a click weighted by `cfg.propensities`:
+policy-aware by default, 1 / its document's exposure over its query's answers, so what exploration showed in few
+answers is not counted as a loss when promoted) is kept if it beats the ranking without
 a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
-held-out answers (feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least
+held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least
 `min_heldout` answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an
 update must clearly beat the ranking without a memory and not be below the served memory) and published only then:
 the memory judged is the memory published.
@@ -201,12 +203,11 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     parts: dict[str, list[Shown]] = {"fit": [], "validation": [], "heldout": []}
     for a in answers:
         parts[side(a.key, a.t, held_from, val_from, cfg)].append(a)
-    entries, _ = logs.entries(props, clip)
-    lists = {"validation": [], "heldout": []}
-    for e in entries:
-        where = side(e.key, e.t, held_from, val_from, cfg)
-        if where in lists:
-            lists[where].append(e)
+    entries, _ = logs.entries(props, clip, cfg.propensities)  # what selects
+    guarded = entries if cfg.guard_propensities == cfg.propensities else \
+        logs.entries(props, clip, cfg.guard_propensities)[0]  # what the guard judges on
+    lists = {"validation": [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) == "validation"],
+             "heldout": [e for e in guarded if side(e.key, e.t, held_from, val_from, cfg) == "heldout"]}
     report = {"answers": {k: len(v) for k, v in parts.items()},
               "clicked_answers": {k: len(v) for k, v in lists.items()}}
     if sum(bool(a.clicked) for a in parts["fit"]) < 20 or not lists["validation"]:
