@@ -165,14 +165,25 @@ def wrk(url: str, clients: int, duration_s: float, bodies: Path) -> dict:
     return {**json.loads(line[len("WRKJSON "):]), "wrk_cpu_s": usage.ru_utime + usage.ru_stime}
 
 
+def host_busy_s() -> float:
+    """CPU seconds the whole host has spent busy since boot (/proc/stat: user, nice, system, irq, softirq; not idle,
+    iowait or steal), every process and the kernel's network work included."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: Path) -> dict:
     wrk(side.url, clients, warmup_s, bodies)
-    load, cpu0 = os.getloadavg()[0], tree_cpu_by_child(side.proc.pid)
+    load, cpu0, host0 = os.getloadavg()[0], tree_cpu_by_child(side.proc.pid), host_busy_s()
     got = wrk(side.url, clients, duration_s, bodies)
-    cpu1 = tree_cpu_by_child(side.proc.pid)
+    cpu1, host1 = tree_cpu_by_child(side.proc.pid), host_busy_s()
     spent = {pid: cpu1[pid] - cpu0.get(pid, 0.0) for pid in cpu1}
     row = {"side": side.name, "workers": side.workers, "zero_cost": side.zero_cost, "clients": clients,
            **measured([got], sum(spent.values()), load)}
+    # the whole host's busy CPU over the window (server, wrk, the kernel's loopback TCP, anything else running)
+    row["host_cores_busy"] = round((host1 - host0) / row["duration_s"], 2)
+    row["host_cpu_ms_per_request"] = round(1000 * (host1 - host0) / max(got["requests"] - got["non_2xx"], 1), 3)
     below = [v for pid, v in spent.items() if pid != side.proc.pid]
     if len(below) > 1:  # workers under a supervisor (asked for, or the automatic count): how evenly the load spread
         seconds = row["duration_s"]
@@ -281,6 +292,9 @@ def summary(rows: list[dict]) -> dict:
                                          / sum(r["duration_s"] for r in mine), 1),
                      "server_cpu_ms_median": statistics.median(r["server_cpu_ms_per_request"] for r in mine),
                      "wrk_cpu_ms_median": statistics.median(r["wrk_cpu_ms_per_request"] for r in mine),
+                     **({"host_cpu_ms_median": statistics.median(r["host_cpu_ms_per_request"] for r in mine),
+                         "host_cores_busy_median": statistics.median(r["host_cores_busy"] for r in mine)}
+                        if all("host_cores_busy" in r for r in mine) else {}),
                      "errors": sum(r["errors"] for r in mine), "blocks": len(mine)}
     return out
 
@@ -293,10 +307,12 @@ def cores(row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| section | side | workers | round | QPS | p50 ms | p99 ms | server CPU ms/req | server cores | "
-             "wrk CPU ms/req | errors | load 1m |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "wrk CPU ms/req | host CPU ms/req | host cores busy | errors | load 1m |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {'zero-cost' if r['zero_cost'] else 'real'} | {r['side']} | {r['workers'] or 'default'} | "
               f"{r['round']} | {r['qps']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_cpu_ms_per_request']} "
-              f"| {cores(r)} | {r['wrk_cpu_ms_per_request']} | {r['errors']} | {r['load_avg_1m_start']} |"
+              f"| {cores(r)} | {r['wrk_cpu_ms_per_request']} | {r.get('host_cpu_ms_per_request', '-')} | "
+              f"{r.get('host_cores_busy', '-')} | {r['errors']} | {r['load_avg_1m_start']} |"
               for r in rows]
     return "\n".join(lines)
 
