@@ -6,16 +6,16 @@ hash of the query key: a query is on one side in every run) or by time (the late
 the rest validate). The memory counted from the fit answers is added to the served CMC's scores of each clicked
 answer's logged candidates (replacing the memory served now, if any) with every (w_q, w_n, w_d, m, near_min, near_k)
 of the grid (w_n: the term of the nearest other remembered queries by the logged query vectors, averaged over up to
-near_k of them); the one with the best mean IPS-DCG on the validation answers (a click weighted by `cfg.propensities`:
-policy-aware by default, 1 / its document's exposure over its query's answers, so what exploration showed in few
-answers is not counted as a loss when promoted) is kept if it beats the ranking without
-a memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
+near_k of them); the one with the best mean IPS-DCG on the validation answers (a click weighted by
+`cfg.propensities`: policy-aware by default, 1 / its document's exposure over its query's answers, so what
+exploration showed in few answers is not counted as a loss when promoted) is kept if it beats the ranking without a
+memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
-held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least
-`min_heldout` answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an
-update must clearly beat the ranking without a memory and not be below the served memory) and published only then:
-the memory judged is the memory published.
+held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
+the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout` answers; `memory_verdict`: the
+first memory must clearly beat the served ranking, as a CMC must; an update must clearly beat the ranking without a
+memory and not be below the served memory) and published only then: the memory judged is the memory published.
 """
 from __future__ import annotations
 
