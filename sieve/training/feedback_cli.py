@@ -29,7 +29,6 @@ def log(message: str) -> None:
 
 
 def register(sub) -> None:
-    from sieve.feedback.dataset import CLIP
     from sieve.training.feedback_config import LearnConfig
 
     d = LearnConfig()
@@ -46,7 +45,8 @@ def register(sub) -> None:
     learn.add_argument("--teacher", type=float, default=d.teacher, help="weight of KL(served || model)")
     learn.add_argument("--layers", type=int, default=d.n_layers, help="attention layers added to a served CMC without any")
     learn.add_argument("--eta", type=float, default=1.0, help="the default propensity (1/rank)^eta, without swaps in the logs")
-    learn.add_argument("--clip", type=float, default=CLIP, help="largest inverse-propensity weight")
+    learn.add_argument("--clip", type=float, default=None,
+                       help="largest inverse-propensity weight (default 100: sieve/feedback/dataset.py CLIP)")
     learn.add_argument("--propensities", choices=["position", "policy"], default=d.propensities,
                        help="the click weights the click memory's weights are selected on: 1 / its document's "
                             "exposure over its query's answers (policy: a document exploration showed in few answers "
@@ -96,6 +96,13 @@ def cmd_learn(args: argparse.Namespace, settings) -> None:
         sys.exit(code)
 
 
+def clip_of(args) -> float:
+    """`--clip`, or the default weight clip (sieve/feedback/dataset.py: imported here, not at --help)."""
+    from sieve.feedback.dataset import CLIP
+
+    return CLIP if args.clip is None else args.clip
+
+
 def learn(args, settings) -> int:
     from sieve.feedback import propensity
     from sieve.feedback.dataset import Logs, build
@@ -116,7 +123,7 @@ def learn(args, settings) -> int:
                                                            "top10": [round(props.of(r), 4) for r in range(1, 11)]}}
         codes, summary, model = [], {"installed": None, **about}, served.model.float().cpu().eval()
         if what in ("both", "cmc"):
-            entries, joined = logs.entries(props, args.clip, "position")
+            entries, joined = logs.entries(props, clip_of(args), "position")
             lists, stats = build(entries, index, cfg.depth)
             with workspace(store.root):
                 code, summary, published = learn_lists(cfg, lists, index, store, biencoder, served, args,
@@ -149,7 +156,7 @@ def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[i
     def served_scores(lists):
         return scores_of(model, lists, Vectors(index, lists)) if len(lists) else np.zeros((0, cfg.depth))
 
-    memory, report = learn_memory(cfg, logs, props, index, served_scores, served_memory, args.clip)
+    memory, report = learn_memory(cfg, logs, props, index, served_scores, served_memory, clip_of(args))
     report.update({"served_memory": current.name if current else None, "installed": None})
     if memory is None or args.dry_run:
         reason = report.get("not_installed") or "dry run"
