@@ -114,7 +114,16 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--guard-propensities", choices=("position", "policy"), default="position",
                     help="the guard's click weights")
     ap.add_argument("--clip", type=float, default=None, help="largest inverse-propensity weight (default: the learner's)")
+    ap.add_argument("--support", choices=("shown", "all"), default=None,
+                    help="the candidates the selection's estimate ranks (default: the learner's)")
+    ap.add_argument("--guard-support", choices=("shown", "all"), default=None,
+                    help="the candidates the guard's estimate ranks (default: the learner's)")
     return ap
+
+
+def support_kwargs(args) -> dict:
+    """--support and --guard-support as LearnConfig fields (those given)."""
+    return {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support)) if v}
 
 
 def main() -> None:
@@ -134,7 +143,8 @@ def main() -> None:
     if args.near_k_grid:
         memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
     memory, report = learned(args.index, {"heldout": args.heldout, "propensities": args.propensities,
-                                            "guard_propensities": args.guard_propensities}, args.clip)
+                                            "guard_propensities": args.guard_propensities, **support_kwargs(args)},
+                         args.clip)
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
            "split": args.split, "queries": len(lists),

@@ -31,7 +31,8 @@ NEAR = ((0.7, 1), (0.7, 8), (0.8, 1), (0.8, 8), (0.9, 1))  # (near_min, near_k)
 
 
 def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "policy",
-         clip: float | None = None) -> tuple[list[dict], dict]:
+         clip: float | None = None, support: dict | None = None) -> tuple[list[dict], dict]:
+    """`support`: LearnConfig's support fields (feedback_memory_offline.support_kwargs), the learner's when empty."""
     from sieve.feedback.memory import ClickMemory, tally
     from sieve.training import memory_learn
     from sieve.training.feedback_learn import ips_dcg
@@ -50,12 +51,14 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
 
     memory_learn.learn_memory, memory_learn.select = capture_learn, capture_select
     try:
-        _, report = offline.learned(index, {"heldout": heldout, "propensities": propensities}, clip)
+        _, report = offline.learned(index, {"heldout": heldout, "propensities": propensities, **(support or {})},
+                                    clip)
     finally:
         memory_learn.learn_memory, memory_learn.select = learn, select
     folds, props, unit, vectors, cfg = (seen[k] for k in ("folds", "props", "unit", "vectors", "cfg"))
     judged = [s for _, s in folds]
-    none = np.concatenate([ips_dcg(s.base, s.lists) for s in judged])
+    none = np.concatenate([s.none() for s in judged])
+    bases = [s.judged(s.base) for s in judged]  # the learner's estimate: -inf off its support
     answers = seen["logs"].answers()
     held_from, val_from = memory_learn.time_cuts(answers, cfg)
     published = tally([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg) != "heldout"],
@@ -71,8 +74,8 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
             for wd, wn in itertools.product(W, W):
                 if not (wd or wn) or (not wn and (near_min, near_k) != NEAR[-1]):
                     continue
-                diff = np.concatenate([ips_dcg(s.base + unit * (wn * fn + wd * fd), s.lists)
-                                       for s, (_, fn, fd) in zip(judged, terms)]) - none
+                diff = np.concatenate([ips_dcg(b + unit * (wn * fn + wd * fd), s.lists)
+                                       for s, b, (_, fn, fd) in zip(judged, bases, terms)]) - none
                 memory.w_doc, memory.w_near = wd * unit, wn * unit
                 gain = float(np.mean(list(offline.ndcgs(lists, data, memory).values()))) - base
                 rows.append({"pseudo": m, "near_min": near_min, "near_k": near_k, "w_doc": wd, "w_near": wn,
@@ -101,7 +104,8 @@ def main() -> None:
     load_before, began = os.getloadavg(), time.monotonic()
     data = load_split(args.data, args.split)
     lists = offline.served_lists(args.index, data, args.cache)
-    rows, learner = grid(args.index, lists, data, args.heldout, args.propensities, args.clip)
+    rows, learner = grid(args.index, lists, data, args.heldout, args.propensities, args.clip,
+                         offline.support_kwargs(args))
     by_click = max(rows, key=lambda r: r["click_estimate"])
     oracle = max(rows, key=lambda r: r["eval_gain"])
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before, "split": args.split,

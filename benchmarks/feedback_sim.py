@@ -257,6 +257,10 @@ def main() -> None:
     ap.add_argument("--propensities", choices=["position", "policy"], default="policy",
                     help="`sieve feedback learn --propensities`: a click's weight")
     ap.add_argument("--clip", type=float, default=None, help="`sieve feedback learn --clip` (default: the command's)")
+    ap.add_argument("--support", choices=["shown", "all"], default=None,
+                    help="`sieve feedback learn --support` (default: the command's)")
+    ap.add_argument("--guard-support", choices=["shown", "all"], default=None,
+                    help="`sieve feedback learn --guard-support` (default: the command's)")
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
     ap.add_argument("--ceiling", action="store_true", help="the full-information ceiling of what --learn learns")
     ap.add_argument("--learn", choices=["both", "cmc", "memory"], default="both", help="what `sieve feedback learn` "
@@ -289,7 +293,8 @@ def main() -> None:
            "train_queries": len(train_data.queries), "eval_split":
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split,
-           "propensities": args.propensities, "clip": args.clip, "command": " ".join(sys.argv),
+           "propensities": args.propensities, "clip": args.clip, "support": args.support,
+           "guard_support": args.guard_support, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),
@@ -306,7 +311,9 @@ def main() -> None:
         for point in checkpoints:
             n, s = run_sessions(server.url, users, point - done, args.seed + point)
             done, clicks = point, clicks + n
-            extra = ("--propensities", args.propensities) + (("--clip", str(args.clip)) if args.clip else ())
+            extra = ("--propensities", args.propensities) + (("--clip", str(args.clip)) if args.clip else ()) + \
+                (("--support", args.support) if args.support else ()) + \
+                (("--guard-support", args.guard_support) if args.guard_support else ())
             learned = learn(index, args.steps, args.split, args.learn, extra)
             reloaded = reload(server.url)
             reload(judge.url)

@@ -52,6 +52,11 @@ def register(sub) -> None:
                             "exposure over its query's answers (policy: a document exploration showed in few answers "
                             "counts as if all had shown it), or 1 / p(the rank it was shown at); the guard and the "
                             "CMC weigh by position")
+    learn.add_argument("--support", choices=["shown", "all"], default=d.support,
+                       help="the candidates the click memory's selection estimate ranks: those some logged answer of "
+                            "the query showed (a document none showed neither costs nor earns when promoted), or all")
+    learn.add_argument("--guard-support", choices=["shown", "all"], default=d.guard_support,
+                       help="the same for the click memory's held-out guard")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -111,7 +116,8 @@ def learn(args, settings) -> int:
 
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
-                      min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities)
+                      min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
+                      support=args.support, guard_support=args.guard_support)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:

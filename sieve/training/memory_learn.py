@@ -9,7 +9,11 @@ of the grid (w_n: the term of the nearest other remembered queries by the logged
 near_k of them); the one with the best mean IPS-DCG on the validation answers (a click weighted by
 `cfg.propensities`: policy-aware by default, 1 / its document's exposure over its query's answers, so what
 exploration showed in few answers is not counted as a loss when promoted) is kept if it beats the ranking without a
-memory (ties: the smaller weights; all 0 = nothing to publish). Split by query, every answer that is not held out
+memory (ties: the smaller weights; all 0 = nothing to publish). With `cfg.support` "shown" the estimate ranks each
+answer's candidates only among those some logged answer of its query showed (`Scored.judged`): a document none
+showed could not have been clicked, so a memory that promotes it is neither charged nor credited for it ("all"
+charges it, which favoured small weights: RESULTS.md, twenty-first session); the guard likewise with
+`cfg.guard_support`. Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
 held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
@@ -71,6 +75,12 @@ class Scored:
     base: np.ndarray  # (Q, K) the served CMC's scores (-inf on padding)
     ids: list[list[str | None]]
     served: np.ndarray | None = None  # (Q, K) what is served now; None = base (no memory served)
+    shown: np.ndarray | None = None  # (Q, K) the candidates the estimate ranks (support "shown"); None = all
+
+    def judged(self, scores: np.ndarray) -> np.ndarray:
+        """`scores` as the click estimate ranks them: with a support, a candidate no logged answer of its query
+        showed goes below every other (-inf), so promoting it neither costs nor earns."""
+        return scores if self.shown is None else np.where(self.shown, scores, -np.inf)
 
     def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(f(query, doc), f(nearest other query, doc), f(doc)) per candidate, 0 without evidence."""
@@ -86,16 +96,31 @@ class Scored:
     def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
         """IPS-DCG per answer of the ranking with `memory` (None: the ranking served now)."""
         if memory is None:
-            return ips_dcg(self.base if self.served is None else self.served, self.lists)
+            return ips_dcg(self.judged(self.base if self.served is None else self.served), self.lists)
         fq, fn, fd = self.terms(memory)
-        return ips_dcg(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd, self.lists)
+        return ips_dcg(self.judged(self.base + memory.w_query * fq + memory.w_near * fn + memory.w_doc * fd),
+                       self.lists)
+
+    def none(self) -> np.ndarray:
+        """IPS-DCG per answer of the ranking without any memory."""
+        return ips_dcg(self.judged(self.base), self.lists)
 
 
-def scored(entries: list[Entry], index, depth: int, served_scores, served_memory: ClickMemory | None) -> Scored:
+def support(keys: list[str], ids: list[list[str | None]], exposure: dict) -> np.ndarray:
+    """(Q, K) True where a candidate was shown by some logged answer of its list's query (Logs.exposure)."""
+    return np.array([[doc is not None and doc in exposure.get(key, (0, {}))[1] for doc in row]
+                     for key, row in zip(keys, ids)], bool)
+
+
+def scored(entries: list[Entry], index, depth: int, served_scores, served_memory: ClickMemory | None,
+           exposure: dict | None = None) -> Scored:
+    """`exposure` (Logs.exposure): the estimate ranks only the candidates some answer of their query showed."""
     lists, _ = build(entries, index, depth)
     base = served_scores(lists).astype(np.float64)
     ids = [[None if r < 0 else d for r, d in zip(rows, index.ids(np.clip(rows, 0, None)))] for rows in lists.rows]
     out = Scored(lists, base, ids)
+    if exposure is not None:
+        out.shown = support(lists.keys, ids, exposure).reshape(base.shape)
     if served_memory is not None:  # the ranking served now has a memory too: that is what a new one must beat
         fq, fn, fd = out.terms(served_memory)
         out.served = base + served_memory.w_query * fq + served_memory.w_near * fn + served_memory.w_doc * fd
@@ -125,7 +150,8 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
-    none = sum(float(ips_dcg(s.base, s.lists).sum()) for s in judged) / answers
+    none = sum(float(s.none().sum()) for s in judged) / answers
+    bases = [s.judged(s.base) for s in judged]  # -inf where not ranked: the memory's terms leave it there
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0]}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
@@ -138,8 +164,8 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             if not (a or b or c) or (a and not known) or \
                     (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue
-            value = sum(float(ips_dcg(s.base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
-                        for s, (fq, fn, fd) in zip(judged, terms)) / answers
+            value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
+                        for s, base, (fq, fn, fd) in zip(judged, bases, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
                       "near_k": near_k}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
@@ -214,8 +240,9 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         report["not_installed"] = "too little feedback"
         return None, report
     vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
+    exposure = logs.exposure(props) if "shown" in (cfg.support, cfg.guard_support) else {}
     folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
-        judged, index, cfg.depth, served_scores, served_memory))
+        judged, index, cfg.depth, served_scores, served_memory, exposure if cfg.support == "shown" else None))
     unit = spread([s for _, s in folds])
     chosen, grid = select(folds, props, unit, vectors)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
@@ -223,14 +250,15 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
                                                   "propensity": props.source},
                                chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"])
-    held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory) if lists["heldout"] else None
+    held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory,
+                  exposure if cfg.guard_support == "shown" else None) if lists["heldout"] else None
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
     else:
         served_dcg, new_dcg = held.dcg(), held.dcg(memory)
         report["guard"] = {**compare(new_dcg - served_dcg, cfg), "served_ips_dcg": round(float(served_dcg.mean()), 5)}
         if served_memory is not None:  # an update: also judged against the ranking without any memory
-            report["guard"]["vs_no_memory"] = compare(new_dcg - ips_dcg(held.base, held.lists), cfg)
+            report["guard"]["vs_no_memory"] = compare(new_dcg - held.none(), cfg)
     if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
         refused = "no memory weight beat the ranking without a memory on the validation answers"
     else:
