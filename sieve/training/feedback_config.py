@@ -27,7 +27,7 @@ class LearnConfig:
     # or 1 / p(the rank it was shown at) (position); the CMC learner weighs by position
     propensities: str = "policy"
     guard_propensities: str = "position"  # the click weights of the held-out guard's estimate
-    # the candidates the click memory's estimates rank: "shown" (those some logged answer of the list's query showed:
-    # a document no answer showed has no click to count for or against it) or "all"; selection and guard apart
-    support: str = "shown"
-    guard_support: str = "shown"
+    # the candidates the click memory's estimates rank: "all", or "shown" (those some logged answer of the list's query
+    # showed: a document no answer showed has no click to count for or against it); selection and guard apart
+    support: str = "all"
+    guard_support: str = "all"

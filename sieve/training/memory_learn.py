@@ -11,8 +11,9 @@ near_k of them); the one with the best mean IPS-DCG on the validation answers (a
 exploration showed in few answers is not counted as a loss when promoted) is kept if it beats the ranking without a
 memory (ties: the smaller weights; all 0 = nothing to publish). With `cfg.support` "shown" the estimate ranks each
 answer's candidates only among those some logged answer of its query showed (`Scored.judged`): a document none
-showed could not have been clicked, so a memory that promotes it is neither charged nor credited for it ("all"
-charges it, which favoured small weights: RESULTS.md, twenty-first session); the guard likewise with
+showed could not have been clicked, so a memory that promotes it is neither charged nor credited for it; the
+default "all" charges it, which favours small weights (RESULTS.md, twenty-first session: "shown" gained on the
+queries that have train queries about their documents and cost the others); the guard likewise with
 `cfg.guard_support`. Split by query, every answer that is not held out
 validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
