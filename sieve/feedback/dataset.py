@@ -138,13 +138,17 @@ class Logs:
             out[imp["query_key"]] = (n + 1, exams)
         return out
 
-    def entries(self, props: Propensities, clip: float = CLIP,
-                propensities: str = "position") -> tuple[list[Entry], dict]:
+    def entries(self, props: Propensities, clip: float = CLIP, propensities: str = "position",
+                exposure: dict[str, tuple[int, dict[str, float]]] | None = None) -> tuple[list[Entry], dict]:
         """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first.
         propensities `position`: a click weighs 1 / p(the rank it was shown at); `policy`: 1 / (the examinations
         its document got over its query's answers / those answers), so a document the logging policy showed in few
-        of its query's answers (exploration) weighs what it would have weighed shown in all of them (exposure)."""
-        exposure = self.exposure(props) if propensities == "policy" else {}
+        of its query's answers (exploration) weighs what it would have weighed shown in all of them (exposure). `exposure`:
+        `self.exposure(props)` when the caller has it already."""
+        if propensities != "policy":
+            exposure = {}
+        elif exposure is None:
+            exposure = self.exposure(props)
         latest = {}
         for imp in sorted(self.impressions.values(), key=lambda r: r["t"]):
             if "candidates" in imp and "vector" in imp:

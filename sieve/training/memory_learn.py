@@ -230,9 +230,11 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     parts: dict[str, list[Shown]] = {"fit": [], "validation": [], "heldout": []}
     for a in answers:
         parts[side(a.key, a.t, held_from, val_from, cfg)].append(a)
-    entries, _ = logs.entries(props, clip, cfg.propensities)  # what selects
+    exposure = logs.exposure(props) if "policy" in (cfg.propensities, cfg.guard_propensities) \
+        or "shown" in (cfg.support, cfg.guard_support) else {}
+    entries, _ = logs.entries(props, clip, cfg.propensities, exposure)  # what selects
     guarded = entries if cfg.guard_propensities == cfg.propensities else \
-        logs.entries(props, clip, cfg.guard_propensities)[0]  # what the guard judges on
+        logs.entries(props, clip, cfg.guard_propensities, exposure)[0]  # what the guard judges on
     lists = {"validation": [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) == "validation"],
              "heldout": [e for e in guarded if side(e.key, e.t, held_from, val_from, cfg) == "heldout"]}
     report = {"answers": {k: len(v) for k, v in parts.items()},
@@ -241,7 +243,6 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         report["not_installed"] = "too little feedback"
         return None, report
     vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
-    exposure = logs.exposure(props) if "shown" in (cfg.support, cfg.guard_support) else {}
     folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
         judged, index, cfg.depth, served_scores, served_memory, exposure if cfg.support == "shown" else None))
     unit = spread([s for _, s in folds])
