@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sieve.stages  # noqa: E402,F401 (registers the core stages: hybrid, cmc)
 
-from benchmarks.feedback_sim import paired  # noqa: E402
+from benchmarks.feedback_sim import by_group, paired, seen_groups  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
 from sieve.evaluation.metrics import ndcg_at_k  # noqa: E402
 from sieve.evaluation.runner import EvalConfig, pipeline  # noqa: E402
@@ -122,8 +122,9 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
 
 
 def support_kwargs(args) -> dict:
-    """--support and --guard-support as LearnConfig fields (those given)."""
-    return {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support)) if v}
+    """--support, --guard-support and --doc-gated as LearnConfig fields (those given)."""
+    return {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
+                              ("doc_gated", getattr(args, "doc_gated", None))) if v is not None}
 
 
 def main() -> None:
@@ -132,9 +133,13 @@ def main() -> None:
     ap = run_arguments(__doc__)
     ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
+    ap.add_argument("--doc-gated", action=argparse.BooleanOptionalAction, default=None,
+                    help="`sieve feedback learn --doc-gated` (default: the command's)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)
+    groups = seen_groups(load_split(args.data, "train"), data) if args.split != "train" and \
+        (args.data / "qrels" / "train.tsv").is_file() else None
     load_before, began = os.getloadavg(), time.monotonic()
     lists = served_lists(args.index, data, args.cache)
     from sieve.training import memory_learn
@@ -154,10 +159,10 @@ def main() -> None:
     if memory is not None:
         forced = {"per_query": ndcgs(lists, data, memory)}
         doc.update({"forced_ndcg@10": round(float(np.mean(list(forced["per_query"].values()))), 4),
-                    "forced_vs_default": paired(forced, base)})
+                    "forced_vs_default": paired(forced, base), "groups": by_group(forced, base, groups)})
     doc.update({"wall_s": round(time.monotonic() - began, 1), "load_after": os.getloadavg()})
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps({k: doc.get(k) for k in ("default", "forced_ndcg@10", "forced_vs_default")}),
+    print(json.dumps({k: doc.get(k) for k in ("default", "forced_ndcg@10", "forced_vs_default", "groups")}),
           json.dumps({k: doc["memory"].get(k) for k in ("chosen", "guard", "verdict")}))
 
 

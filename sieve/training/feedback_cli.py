@@ -57,6 +57,10 @@ def register(sub) -> None:
                             "the query showed (a document none showed neither costs nor earns when promoted), or all")
     learn.add_argument("--guard-support", choices=["shown", "all"], default=d.guard_support,
                        help="the same for the click memory's held-out guard")
+    learn.add_argument("--doc-gated", action=argparse.BooleanOptionalAction, default=d.doc_gated,
+                       help="the click memory's per-document term only for queries it knows (remembered, or a "
+                            "remembered query at cosine >= its near_min): spares queries about topics no user clicked "
+                            "on, at some cost to the rest")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -117,7 +121,7 @@ def learn(args, settings) -> int:
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
-                      support=args.support, guard_support=args.guard_support)
+                      support=args.support, guard_support=args.guard_support, doc_gated=args.doc_gated)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
@@ -176,8 +180,9 @@ def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[i
     (work / "report.json").write_text(json.dumps(report, indent=2))
     path = mstore.publish(work)
     report["installed"] = str(path)
-    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}, "
-        f"pseudo {memory.pseudo:g}); a server on this index loads it on reload or its next poll")
+    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}"
+        f"{' for known queries' if memory.doc_gated else ''}, w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); "
+        "a server on this index loads it on reload or its next poll")
     return 0, report
 
 

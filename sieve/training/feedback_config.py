@@ -31,3 +31,6 @@ class LearnConfig:
     # showed: a document no answer showed has no click to count for or against it); selection and guard apart
     support: str = "all"
     guard_support: str = "all"
+    # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a
+    # remembered other query at cosine >= near_min (ClickMemory.doc_gated); off: for every query
+    doc_gated: bool = False
