@@ -32,6 +32,7 @@ from benchmarks.feedback_sim import by_group, paired, seen_groups  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
 from sieve.evaluation.metrics import ndcg_at_k  # noqa: E402
 from sieve.evaluation.runner import EvalConfig, pipeline  # noqa: E402
+from sieve.training.feedback_cli import cosine_or_off  # noqa: E402
 
 
 def served_lists(index: Path, data, cache: Path | None) -> dict:
@@ -122,9 +123,11 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
 
 
 def support_kwargs(args) -> dict:
-    """--support, --guard-support and --doc-gated as LearnConfig fields (those given)."""
-    return {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
-                              ("doc_gated", getattr(args, "doc_gated", None))) if v is not None}
+    """--support, --guard-support and --doc-gate as LearnConfig fields (those given)."""
+    out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support)) if v}
+    if hasattr(args, "doc_gate"):
+        out["doc_gate"] = args.doc_gate
+    return out
 
 
 def main() -> None:
@@ -133,8 +136,8 @@ def main() -> None:
     ap = run_arguments(__doc__)
     ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
-    ap.add_argument("--doc-gated", action=argparse.BooleanOptionalAction, default=None,
-                    help="`sieve feedback learn --doc-gated` (default: the command's)")
+    ap.add_argument("--doc-gate", type=cosine_or_off, default=argparse.SUPPRESS,
+                    help="`sieve feedback learn --doc-gate` (a cosine or off; default: the command's)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)

@@ -261,8 +261,8 @@ def main() -> None:
                     help="`sieve feedback learn --support` (default: the command's)")
     ap.add_argument("--guard-support", choices=["shown", "all"], default=None,
                     help="`sieve feedback learn --guard-support` (default: the command's)")
-    ap.add_argument("--doc-gated", action=argparse.BooleanOptionalAction, default=None,
-                    help="`sieve feedback learn --doc-gated` (default: the command's)")
+    ap.add_argument("--doc-gate", default=None, help="`sieve feedback learn --doc-gate` (a cosine or off; default: "
+                    "the command's)")
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
     ap.add_argument("--ceiling", action="store_true", help="the full-information ceiling of what --learn learns")
     ap.add_argument("--learn", choices=["both", "cmc", "memory"], default="both", help="what `sieve feedback learn` "
@@ -296,7 +296,7 @@ def main() -> None:
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split,
            "propensities": args.propensities, "clip": args.clip, "support": args.support,
-           "guard_support": args.guard_support, "doc_gated": args.doc_gated, "command": " ".join(sys.argv),
+           "guard_support": args.guard_support, "doc_gate": args.doc_gate, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),
@@ -316,7 +316,7 @@ def main() -> None:
             extra = ("--propensities", args.propensities) + (("--clip", str(args.clip)) if args.clip else ()) + \
                 (("--support", args.support) if args.support else ()) + \
                 (("--guard-support", args.guard_support) if args.guard_support else ()) + \
-                (() if args.doc_gated is None else ("--doc-gated" if args.doc_gated else "--no-doc-gated",))
+                (("--doc-gate", args.doc_gate) if args.doc_gate else ())
             learned = learn(index, args.steps, args.split, args.learn, extra)
             reloaded = reload(server.url)
             reload(judge.url)

@@ -16,8 +16,8 @@ At /search (`rerank`), after the last ranking stage scored all the candidates an
     score' = score + w_q x f(query, document) + w_d x f(document)
          (+ w_n x f(nearest other remembered queries, document): the cosine-weighted mean of f over the near_k
             remembered queries closest to this one by query vector, those with cosine >= near_min)
-With `doc_gated` the per-document term speaks only for a query the memory knows: remembered itself, or with a
-remembered other query at cosine >= near_min (a query about a topic no user clicked on gets no popularity boost).
+With `doc_gate` the per-document term speaks only for a query the memory knows: remembered itself, or with a
+remembered query at cosine >= doc_gate (a query about a topic no user clicked on gets no popularity boost).
 where `score` is the answer's own `score` (never increasing down the list), and the list is sorted by score' again
 (stable): a clicked document deeper in the candidates can rise, one examined often and never clicked can fall.
 The query is found by the hash the impression recorder logs (records.query_key of the whitespace-normalised query).
@@ -101,33 +101,33 @@ class ClickMemory:
     near_k: int = 1  # how many of the nearest remembered queries (cos >= near_min) the term averages
     near_keys: list[str] = field(default_factory=list)  # queries whose vectors are kept (rows of near_vectors)
     near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
-    doc_gated: bool = False  # w_d f(document) only for a known query: remembered, or a remembered other at near_min
+    doc_gate: float | None = None  # w_d f(document) only for a known query: remembered, or one at this cosine
     version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
     about: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, tallies: Tallies, w_query: float, w_doc: float, pseudo: float, about: dict | None = None,
               w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None,
-              near_k: int = 1, doc_gated: bool = False):
+              near_k: int = 1, doc_gate: float | None = None):
         """`vectors`: query key -> the query's vector (the impressions'), for the nearest-query term and the gate of
         the per-document term."""
         prior = tallies.prior
         pairs: dict[str, dict[str, float]] = {}
         docs: dict[str, float] = {}
         if prior > 0:
-            if w_query or w_near or (w_doc and doc_gated):
+            if w_query or w_near or (w_doc and doc_gate is not None):
                 for (key, doc), (c, e) in tallies.pairs.items():
                     pairs.setdefault(key, {})[doc] = log_ratio(c, e, prior, pseudo)
             if w_doc:
                 docs = {doc: log_ratio(c, e, prior, pseudo) for doc, (c, e) in tallies.docs.items()}
         keys, matrix = [], None
-        if (w_near or (w_doc and doc_gated)) and vectors:
+        if (w_near or (w_doc and doc_gate is not None)) and vectors:
             keys = [k for k in pairs if k in vectors][:MAX_NEAR]
             if keys:
                 matrix = np.stack([vectors[k] for k in keys]).astype(np.float32)
                 matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
         return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, near_k, keys,
-                   matrix, doc_gated=bool(w_doc and doc_gated), about=dict(about or {}))
+                   matrix, doc_gate=doc_gate if w_doc else None, about=dict(about or {}))
 
     def similarities(self, vector) -> np.ndarray | None:
         """Cosine of `vector` with every remembered query's vector (None: no vector or none remembered)."""
@@ -136,11 +136,13 @@ class ClickMemory:
         v = np.asarray(vector, np.float32).reshape(-1)
         return self.near_vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))
 
-    def knows(self, key: str, sims: np.ndarray | None) -> bool:
-        """Whether the query is remembered itself or has a remembered other query at cosine >= near_min."""
-        if key in self.pairs:
+    def knows(self, key: str, sims: np.ndarray | None, gate: float | None = None) -> bool:
+        """Whether the query is remembered itself or has a remembered query at cosine >= `gate` (default doc_gate;
+        none: every query is known)."""
+        gate = self.doc_gate if gate is None else gate
+        if gate is None or key in self.pairs:
             return True
-        return sims is not None and bool((sims >= self.near_min).any())
+        return sims is not None and bool((sims >= gate).any())
 
     def nearest(self, key: str, vector, sims: np.ndarray | None = None) -> dict[str, float]:
         """f of the nearest other remembered queries (up to near_k with cos >= near_min; more than one: their
@@ -173,8 +175,8 @@ class ClickMemory:
         per-document table is looked up once per id; one product with the remembered queries' vectors when the
         nearest-query term is on."""
         out = np.zeros(len(ids))
-        sims = self.similarities(vector) if self.w_near or self.doc_gated else None
-        if self.w_doc and self.docs and (not self.doc_gated or self.knows(key, sims)):
+        sims = self.similarities(vector) if self.w_near or self.doc_gate is not None else None
+        if self.w_doc and self.docs and self.knows(key, sims):
             docs = self.docs
             out += self.w_doc * np.fromiter((docs.get(doc, 0.0) for doc in ids), np.float64, len(ids))
         tables = [(t, w) for t, w in ((self.pairs.get(key) if self.w_query else None, self.w_query),
@@ -199,7 +201,7 @@ class ClickMemory:
         vectors = {} if self.near_vectors is None else {k: pack(v) for k, v in zip(self.near_keys, self.near_vectors)}
         path.write_text(json.dumps({"w_query": self.w_query, "w_doc": self.w_doc, "pseudo": self.pseudo,
                                     "prior": self.prior, "w_near": self.w_near, "near_min": self.near_min,
-                                    "near_k": self.near_k, "doc_gated": self.doc_gated,
+                                    "near_k": self.near_k, "doc_gate": self.doc_gate,
                                     "pairs": self.pairs, "docs": self.docs, "vectors": vectors,
                                     "about": self.about}, separators=(",", ":")), encoding="utf-8")
         return path
@@ -214,4 +216,4 @@ class ClickMemory:
                    {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
                    {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
                    float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix,
-                   bool(raw.get("doc_gated", False)), Path(directory).name, raw.get("about", {}))
+                   raw.get("doc_gate"), Path(directory).name, raw.get("about", {}))

@@ -340,7 +340,7 @@ class ClickMemoryStatus(BaseModel):
     w_near: float = Field(..., description="Weight of the nearest remembered queries' term (0: off).")
     near_min: float = Field(..., description="Cosine from which a remembered query counts as near.")
     near_k: int = Field(..., description="How many of the nearest remembered queries the term averages.")
-    doc_gated: bool = Field(False, description="Whether the per-document term applies only to a query the memory knows (remembered itself, or a remembered other query at cosine >= near_min).")
+    doc_gate: float | None = Field(None, description="The per-document term applies only to a query the memory knows: remembered itself, or with a remembered query at this cosine or more (null: to every query).")
     pseudo: float = Field(..., description="Pseudo-examinations the click-through rates are smoothed with.")
     queries: int = Field(..., description="Queries (by hash) with remembered documents.")
     documents: int = Field(..., description="Documents with a per-document term.")

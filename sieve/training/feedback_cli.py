@@ -28,6 +28,19 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def cosine_or_off(text: str) -> float | None:
+    """--doc-gate: a cosine in [-1, 1], or off."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a cosine nor 'off'") from None
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not a cosine (between -1 and 1)")
+    return value
+
+
 def register(sub) -> None:
     from sieve.training.feedback_config import LearnConfig
 
@@ -57,10 +70,10 @@ def register(sub) -> None:
                             "the query showed (a document none showed neither costs nor earns when promoted), or all")
     learn.add_argument("--guard-support", choices=["shown", "all"], default=d.guard_support,
                        help="the same for the click memory's held-out guard")
-    learn.add_argument("--doc-gated", action=argparse.BooleanOptionalAction, default=d.doc_gated,
-                       help="the click memory's per-document term only for queries it knows (remembered, or a "
-                            "remembered query at cosine >= its near_min): spares queries about topics no user clicked "
-                            "on, at some cost to the rest")
+    learn.add_argument("--doc-gate", type=cosine_or_off, default=d.doc_gate, metavar="COSINE|off",
+                       help="the click memory's per-document term only for queries it knows: remembered, or with a "
+                            "remembered query at this cosine or more (spares queries about topics no user clicked on); "
+                            f"off: for every query (default: {'off' if d.doc_gate is None else d.doc_gate})")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -121,7 +134,7 @@ def learn(args, settings) -> int:
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
-                      support=args.support, guard_support=args.guard_support, doc_gated=args.doc_gated)
+                      support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
@@ -181,7 +194,7 @@ def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[i
     path = mstore.publish(work)
     report["installed"] = str(path)
     log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}"
-        f"{' for known queries' if memory.doc_gated else ''}, w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); "
+        f"{'' if memory.doc_gate is None else f' at cosine >= {memory.doc_gate:g}'}, w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); "
         "a server on this index loads it on reload or its next poll")
     return 0, report
 

@@ -32,5 +32,5 @@ class LearnConfig:
     support: str = "all"
     guard_support: str = "all"
     # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a
-    # remembered other query at cosine >= near_min (ClickMemory.doc_gated); off: for every query
-    doc_gated: bool = False
+    # remembered query at this cosine or more (ClickMemory.doc_gate); None: for every query
+    doc_gate: float | None = None

@@ -14,9 +14,9 @@ answer's candidates only among those some logged answer of its query showed (`Sc
 showed could not have been clicked, so a memory that promotes it is neither charged nor credited for it; the
 default "all" charges it, which favours small weights (RESULTS.md, twenty-first session: "shown" gained on the
 queries that have train queries about their documents and cost the others); the guard likewise with
-`cfg.guard_support`. With `cfg.doc_gated` the per-document term speaks only for a query the memory knows (remembered,
-or a remembered other query at cosine >= near_min: ClickMemory.doc_gated), which spares queries about topics no user
-clicked on at some cost to the rest (RESULTS.md, twenty-second session). Split by query, every answer that is not
+`cfg.guard_support`. With `cfg.doc_gate` the per-document term speaks only for a query the memory knows (remembered,
+or a remembered query at cosine >= doc_gate: ClickMemory.doc_gate), which spares queries about topics no user
+clicked on (RESULTS.md, twenty-second session). Split by query, every answer that is not
 held out validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
 (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
 held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
@@ -90,17 +90,18 @@ class Scored:
         fq, fn, fd = np.zeros(self.base.shape), np.zeros(self.base.shape), np.zeros(self.base.shape)
         for i, (key, ids) in enumerate(zip(self.lists.keys, self.ids)):
             pair = memory.pairs.get(key, {})
-            sims = memory.similarities(self.lists.query_vectors[i]) if memory.w_near or memory.doc_gated else None
+            sims = memory.similarities(self.lists.query_vectors[i]) if memory.w_near or memory.doc_gate is not None \
+                else None
             near = memory.nearest(key, self.lists.query_vectors[i], sims)
-            docs = memory.docs if not memory.doc_gated or memory.knows(key, sims) else {}
+            docs = memory.docs if memory.knows(key, sims) else {}
             for j, doc in enumerate(ids):
                 if doc is not None:
                     fq[i, j], fn[i, j], fd[i, j] = pair.get(doc, 0.0), near.get(doc, 0.0), docs.get(doc, 0.0)
         return fq, fn, fd
 
-    def known(self, memory: ClickMemory) -> np.ndarray:
-        """(Q, 1) 1.0 where the memory knows the list's query (ClickMemory.knows, at its near_min), else 0.0."""
-        return np.array([[float(memory.knows(key, memory.similarities(self.lists.query_vectors[i])))]
+    def known(self, memory: ClickMemory, gate: float) -> np.ndarray:
+        """(Q, 1) 1.0 where the memory knows the list's query at cosine `gate` (ClickMemory.knows), else 0.0."""
+        return np.array([[float(memory.knows(key, memory.similarities(self.lists.query_vectors[i]), gate))]
                          for i, key in enumerate(self.lists.keys)]).reshape(-1, 1)
 
     def dcg(self, memory: ClickMemory | None = None) -> np.ndarray:
@@ -151,39 +152,40 @@ def spread(folds: list[Scored]) -> float:
 
 
 def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors: dict,
-           doc_gated: bool = False) -> tuple[dict, list]:
+           doc_gate: float | None = None) -> tuple[dict, list]:
     """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean IPS-DCG over the grid on the judged
     answers of every fold (each fold: the answers its memory is counted from, and the clicked answers it is judged
     on, whose queries those never include when split by query), and the grid's best results. A choice must beat the
     ranking without a memory (none does: all weights 0, nothing to publish), not the memory served now: on answers
     that memory ranked the estimate favours it (memory_verdict), and the held-out guard judges the choice against
-    both. `doc_gated` (`cfg.doc_gated`): the per-document term counts only for a list whose query the memory knows
-    (ClickMemory.knows at the near_min tried), as it will be served."""
+    both. `doc_gate` (`cfg.doc_gate`): the per-document term counts only for a list whose query the memory knows
+    (ClickMemory.knows), as it will be served."""
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
     none = sum(float(s.none().sum()) for s in judged) / answers
     bases = [s.judged(s.base) for s in judged]  # -inf where not ranked: the memory's terms leave it there
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
-                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gated": False}, none, []
+                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gate": None}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
     counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
                for m in PSEUDO_GRID}
+    gates = [s.known(memory, doc_gate) for memory, s in zip(counted[PSEUDO_GRID[0]], judged)] \
+        if doc_gate is not None else []  # the same remembered queries whatever m
     for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
         memories = [replace(memory, near_min=near_min, near_k=near_k) for memory in counted[m]]
         terms = [s.terms(memory) for memory, s in zip(memories, judged)]
         known = any(fq.any() for fq, _, _ in terms)  # no judged query remembered (split by query): w_q changes nothing
-        if doc_gated:  # the per-document term only for the lists whose query the memory knows at this near_min
-            terms = [(fq, fn, fd * s.known(memory)) for (fq, fn, fd), memory, s in zip(terms, memories, judged)]
+        if doc_gate is not None:  # the per-document term only for the lists whose query the memory knows
+            terms = [(fq, fn, fd * gate) for (fq, fn, fd), gate in zip(terms, gates)]
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
-            gated = doc_gated and bool(b)
             if not (a or b or c) or (a and not known) or \
-                    (not c and near_k != NEAR_K_GRID[0]) or (not c and not gated and near_min != NEAR_GRID[-1]):
+                    (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue  # the same ranking as a configuration the grid scores anyway
             value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
                         for s, base, (fq, fn, fd) in zip(judged, bases, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
-                      "near_k": near_k, "doc_gated": gated}
+                      "near_k": near_k, "doc_gate": doc_gate if b else None}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
@@ -261,13 +263,13 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
         judged, index, cfg.depth, served_scores, served_memory, exposure if cfg.support == "shown" else None))
     unit = spread([s for _, s in folds])
-    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gated)
+    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
     memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
                                                   "propensity": props.source},
                                chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"],
-                               chosen.get("doc_gated", False))
+                               chosen.get("doc_gate"))
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory,
                   exposure if cfg.guard_support == "shown" else None) if lists["heldout"] else None
     if held is None or not len(held.lists):

@@ -65,6 +65,7 @@ def test_click_memory_learned_published_and_served_live(demo_index, tmp_path):
                 t.join()
         assert not failures
         assert ready["click_memory"]["version"] == "m000001" and ready["click_memory"]["queries"] >= len(queries)
+        assert ready["click_memory"]["doc_gate"] is None  # the default: the per-document term for every query
 
         with srv.client() as c:
             answer = c.post("/search", json={"query": queries[0], "top_k": 10}).json()  # no no-cache: the cache
