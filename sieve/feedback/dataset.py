@@ -143,8 +143,8 @@ class Logs:
         """One entry per clicked or labelled answer that has (or joins) a full impression, oldest answer first.
         propensities `position`: a click weighs 1 / p(the rank it was shown at); `policy`: 1 / (the examinations
         its document got over its query's answers / those answers), so a document the logging policy showed in few
-        of its query's answers (exploration) weighs what it would have weighed shown in all of them (exposure). `exposure`:
-        `self.exposure(props)` when the caller has it already."""
+        of its query's answers (exploration) weighs what it would have weighed shown in all of them (exposure).
+        `exposure`: `self.exposure(props)` when the caller has it already."""
         if propensities != "policy":
             exposure = {}
         elif exposure is None:

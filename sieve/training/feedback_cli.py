@@ -193,9 +193,10 @@ def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[i
     (work / "report.json").write_text(json.dumps(report, indent=2))
     path = mstore.publish(work)
     report["installed"] = str(path)
-    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}"
-        f"{'' if memory.doc_gate is None else f' at cosine >= {memory.doc_gate:g}'}, w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); "
-        "a server on this index loads it on reload or its next poll")
+    gate = "" if memory.doc_gate is None else f" at cosine >= {memory.doc_gate:g}"
+    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}{gate}, "
+        f"w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); a server on this index loads it on reload or its next "
+        "poll")
     return 0, report
 
 
