@@ -271,6 +271,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.doc_gate:  # checked now, not at the first checkpoint after minutes of sessions
+        from sieve.training.feedback_cli import cosine_or_off
+        try:
+            cosine_or_off(args.doc_gate)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--doc-gate: {e}")
 
     train_data = load_split(args.data, "train")
     if args.scenario == "head":
