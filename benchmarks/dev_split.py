@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sieve.training.memory_learn import bucket  # noqa: E402 (the learner's stable hash of a key into [0, 1))
 
 
 def is_dev(query_id: str, share: float) -> bool:
-    return int(hashlib.sha256(f"dev/{query_id}".encode()).hexdigest()[:8], 16) / 2 ** 32 < share
+    return bucket(f"dev/{query_id}") < share
 
 
 def main() -> None:
