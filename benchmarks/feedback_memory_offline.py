@@ -127,8 +127,6 @@ def support_kwargs(args) -> dict:
     out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support)) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate
-    if getattr(args, "select_rule", None):
-        out["select_rule"] = args.select_rule
     return out
 
 
@@ -140,8 +138,6 @@ def main() -> None:
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
     ap.add_argument("--doc-gate", type=cosine_or_off, default=argparse.SUPPRESS,
                     help="`sieve feedback learn --doc-gate` (a cosine or off; default: the command's)")
-    ap.add_argument("--select-rule", choices=("best", "one-se"), default=None,
-                    help="`sieve feedback learn --select-rule` (default: the command's)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)

@@ -34,7 +34,3 @@ class LearnConfig:
     # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a
     # remembered query at this cosine or more (ClickMemory.doc_gate); None: for every query
     doc_gate: float | None = None
-    # which of the click memory's grid configurations is published: "best" (the best mean validation IPS-DCG) or
-    # "one-se" (the most conservative configuration within one standard error of the best, clustered by query:
-    # the smallest nearest-query + per-document weight, then query weight, then the highest near_min and prior)
-    select_rule: str = "best"

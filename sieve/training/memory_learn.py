@@ -27,7 +27,6 @@ memory and not be below the served memory) and published only then: the memory j
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 from dataclasses import dataclass, replace
 
@@ -42,8 +41,6 @@ W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the 
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
 NEAR_GRID = (0.8, 0.9)  # cosine from which a near remembered query counts (0.7 dropped: RESULTS.md, twenty-second session)
 NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
-ONE_SE_KEPT = 500  # select_rule "one-se": the best configurations whose per-answer estimates are kept to compare
-SELECT_RULES = ("best", "one-se")
 
 
 def bucket(key: str) -> float:
@@ -154,46 +151,15 @@ def spread(folds: list[Scored]) -> float:
     return float(np.median(stds)) if stds and np.median(stds) > 0 else 1.0
 
 
-def clustered_se(diff: np.ndarray, groups: np.ndarray) -> float:
-    """Standard error of diff.mean() with the answers clustered by query (`groups`: each answer's query number):
-    answers of one query are not independent draws."""
-    n, sums = len(diff), np.bincount(groups, weights=diff)
-    q = int((np.bincount(groups) > 0).sum())
-    if q < 2:
-        return float("inf")
-    resid = sums - np.bincount(groups) * (diff.sum() / n)
-    return float(np.sqrt(q / (q - 1) * np.sum(resid ** 2)) / n)
-
-
-def conservative(choice: dict) -> tuple:
-    """Sort key, most conservative first: the least weight on terms that carry other queries' clicks (nearest query,
-    per document), then on the query's own, then the highest near_min, prior and fewest neighbours."""
-    return (choice["w_near"] + choice["w_doc"], choice["w_query"], -choice["near_min"], -choice["pseudo"],
-            choice["near_k"])
-
-
-def one_se(kept: list, best: dict, none: float, groups: np.ndarray) -> tuple[dict, dict]:
-    """Among the kept (value, order, choice, per-answer IPS-DCG) within one clustered standard error of the best
-    (paired) and above the ranking without a memory, the most conservative choice, and what the rule saw."""
-    best_arr = next(arr for _, _, choice, arr in kept if choice == best)
-    near = [(choice, value) for value, _, choice, arr in kept
-            if value > none + 1e-12 and (arr - best_arr).mean() >= -clustered_se(arr - best_arr, groups)]
-    picked = min((c for c, _ in near), key=conservative)
-    return picked, {"rule": "one-se", "best": best, "within_one_se": len(near), "kept": len(kept)}
-
-
 def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors: dict,
-           doc_gate: float | None = None, rule: str = "best") -> tuple[dict, list]:
+           doc_gate: float | None = None) -> tuple[dict, list]:
     """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean IPS-DCG over the grid on the judged
     answers of every fold (each fold: the answers its memory is counted from, and the clicked answers it is judged
     on, whose queries those never include when split by query), and the grid's best results. A choice must beat the
     ranking without a memory (none does: all weights 0, nothing to publish), not the memory served now: on answers
     that memory ranked the estimate favours it (memory_verdict), and the held-out guard judges the choice against
     both. `doc_gate` (`cfg.doc_gate`): the per-document term counts only for a list whose query the memory knows
-    (ClickMemory.knows), as it will be served. `rule` (`cfg.select_rule`): "best", or "one-se" (the most
-    conservative of the configurations within one standard error of the best: `one_se`)."""
-    if rule not in SELECT_RULES:
-        raise ValueError(f"select rule {rule!r}: one of {', '.join(SELECT_RULES)}")
+    (ClickMemory.knows), as it will be served."""
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
@@ -201,7 +167,6 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     bases = [s.judged(s.base) for s in judged]  # -inf where not ranked: the memory's terms leave it there
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gate": None}, none, []
-    kept: list = []  # rule "one-se": a min-heap of the best (value, order, choice, per-answer IPS-DCG)
     tallies = [tally(counted, props) for counted, _ in folds]
     counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
                for m in PSEUDO_GRID}
@@ -217,24 +182,16 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             if not (a or b or c) or (a and not known) or \
                     (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue  # the same ranking as a configuration the grid scores anyway
-            per = [ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists)
-                   for s, base, (fq, fn, fd) in zip(judged, bases, terms)]
-            value = sum(float(p.sum()) for p in per) / answers
+            value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
+                        for s, base, (fq, fn, fd) in zip(judged, bases, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
                       "near_k": near_k, "doc_gate": doc_gate if b else None}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
-            if rule == "one-se":
-                item = (value, -len(results), choice, np.concatenate(per))
-                (heapq.heappush if len(kept) < ONE_SE_KEPT else heapq.heappushpop)(kept, item)
             if value > best_value + 1e-12:
                 best, best_value = choice, value
-    summary = {"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
-               "folds": len(folds), "validation_answers": answers}
-    if rule == "one-se" and best_value > none + 1e-12:
-        keys = [key for s in judged for key in s.lists.keys]
-        groups = np.unique(np.array(keys), return_inverse=True)[1].ravel()
-        best, summary["selection"] = one_se(kept, best, none, groups)
-    return best, [summary] + sorted(results, key=lambda r: -r["validation_ips_dcg"])[:10]
+    return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
+                   "folds": len(folds), "validation_answers": answers}] + sorted(
+        results, key=lambda r: -r["validation_ips_dcg"])[:10]
 
 
 def memory_verdict(guard: dict, cfg) -> str | None:
@@ -306,7 +263,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
         judged, index, cfg.depth, served_scores, served_memory, exposure if cfg.support == "shown" else None))
     unit = spread([s for _, s in folds])
-    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate, cfg.select_rule)
+    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
     memory = ClickMemory.build(tally(parts["fit"] + parts["validation"], props), chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
