@@ -76,7 +76,6 @@ def test_selection_scores_the_term_as_it_will_be_served(vector, gate, lifted):
         assert scored.dcg(memory)[0] == pytest.approx(1.0) and scored.none()[0] < 1.0
 
 
-
 def test_the_command_takes_a_cosine_or_off():
     from sieve.training.feedback_cli import cosine_or_off
 
