@@ -119,12 +119,15 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
                     help="the candidates the selection's estimate ranks (default: the learner's)")
     ap.add_argument("--guard-support", choices=("shown", "all"), default=None,
                     help="the candidates the guard's estimate ranks (default: the learner's)")
+    ap.add_argument("--noise", choices=("estimated", "off"), default=None,
+                    help="`sieve feedback learn --noise` (default: the learner's)")
     return ap
 
 
 def support_kwargs(args) -> dict:
-    """--support, --guard-support and --doc-gate as LearnConfig fields (those given)."""
-    out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support)) if v}
+    """--support, --guard-support, --noise and --doc-gate as LearnConfig fields (those given)."""
+    out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
+                             ("noise", args.noise)) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate
     return out
@@ -158,7 +161,8 @@ def main() -> None:
            "split": args.split, "queries": len(lists),
            "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID},
            "default": round(float(np.mean(list(base["per_query"].values()))), 4),
-           "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "chosen", "guard", "verdict", "grid")}}
+           "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "noise", "chosen", "guard", "verdict",
+                                                      "grid")}}
     if memory is not None:
         forced = {"per_query": ndcgs(lists, data, memory)}
         doc.update({"forced_ndcg@10": round(float(np.mean(list(forced["per_query"].values()))), 4),

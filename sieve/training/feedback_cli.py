@@ -74,6 +74,10 @@ def register(sub) -> None:
                        help="the click memory's per-document term only for queries it knows: remembered, or with a "
                             "remembered query at this cosine or more (spares queries about topics no user clicked on); "
                             f"off: for every query (default: {'off' if d.doc_gate is None else d.doc_gate})")
+    learn.add_argument("--noise", choices=["estimated", "off"], default=d.noise,
+                       help="the click memory's selection estimate without the credit clicks on non-relevant results "
+                            "give every shown document (the noise click rate, estimated from the logs: "
+                            "sieve/feedback/noise.py), or as counted (off)")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -134,7 +138,8 @@ def learn(args, settings) -> int:
     cfg = LearnConfig(depth=min(args.depth, settings.feedback_log_candidates), n_layers=args.layers, steps=args.steps,
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
-                      support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate)
+                      support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate,
+                      noise=args.noise)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
