@@ -36,4 +36,4 @@ class LearnConfig:
     doc_gate: float | None = None
     # the click memory's selection estimate with the click-noise rate removed (sieve/feedback/noise.py: "estimated",
     # from the logs by EM), or as counted ("off")
-    noise: str = "off"
+    noise: str = "estimated"

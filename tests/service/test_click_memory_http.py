@@ -72,7 +72,8 @@ def test_click_memory_learned_published_and_served_live(demo_index, tmp_path):
         assert answer["cached"] is False  # the pre-publication answer is not served
         after = [h["id"] for h in answer["results"]]
         clicked, first = before[queries[0]][CLICKED_RANK - 1], before[queries[0]][0]
-        assert after.index(clicked) < CLICKED_RANK - 1 and after.index(first) > 0
+        assert after.index(clicked) < CLICKED_RANK - 1
+        assert first not in after or after.index(first) > 0  # fell, perhaps out of the top 10
         scores = [h["score"] for h in answer["results"]]
         assert scores == sorted(scores, reverse=True)
         assert all("clicks" in h["scores"] for h in answer["results"])
