@@ -75,9 +75,9 @@ def register(sub) -> None:
                             "remembered query at this cosine or more (spares queries about topics no user clicked on); "
                             f"off: for every query (default: {'off' if d.doc_gate is None else d.doc_gate})")
     learn.add_argument("--noise", choices=["estimated", "off"], default=d.noise,
-                       help="the click memory's selection estimate without the credit clicks on non-relevant results "
-                            "give every shown document (the noise click rate, estimated from the logs: "
-                            "sieve/feedback/noise.py), or as counted (off)")
+                       help="the click memory's selection and guard estimates without the credit clicks on "
+                            "non-relevant results give every shown document (the noise click rate, estimated from the "
+                            "logs: sieve/feedback/noise.py), or as counted (off)")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")

@@ -34,6 +34,6 @@ class LearnConfig:
     # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a
     # remembered query at this cosine or more (ClickMemory.doc_gate); None: for every query
     doc_gate: float | None = None
-    # the click memory's selection estimate with the click-noise rate removed (sieve/feedback/noise.py: "estimated",
-    # from the logs by EM), or as counted ("off")
+    # the click memory's selection and guard estimates with the click-noise rate removed (sieve/feedback/noise.py:
+    # "estimated", from the logs by EM), or as counted ("off")
     noise: str = "estimated"

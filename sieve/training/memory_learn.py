@@ -16,13 +16,13 @@ default "all" charges it, which favours small weights (RESULTS.md, twenty-first 
 queries that have train queries about their documents and cost the others); the guard likewise with
 `cfg.guard_support`. With `cfg.doc_gate` the per-document term speaks only for a query the memory knows (remembered,
 or a remembered query at cosine >= doc_gate: ClickMemory.doc_gate), which spares queries about topics no user
-clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's estimate is
-affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise rate b fitted to the counted
+clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's and the guard's estimates
+are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise rate b fitted to the counted
 pairs; b x the credit noise alone would give each document a judged query's answers showed is taken off it), so
 keeping a shown non-relevant document earns nothing over promoting one no answer showed. Split by query, every answer
-that is not held out validates: the queries are cut into `memory_folds` folds, each judged with the memory counted from the others
-(`selection_folds`). The memory counted from fit + validation answers with those weights is then judged on the
-held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
+that is not held out validates: the queries are cut into `memory_folds` folds, each judged with the memory counted
+from the others (`selection_folds`). The memory counted from fit + validation answers with those weights is then
+judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
 the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout` answers; `memory_verdict`: the
 first memory must clearly beat the served ranking, as a CMC must; an update must clearly beat the ranking without a
 memory and not be below the served memory) and published only then: the memory judged is the memory published.
