@@ -76,3 +76,18 @@ def test_the_guards_correction_gives_each_answer_its_share():
     props = propensity.default(10)
     without_noise(scored, answers, 0.25, props, click_weight(props, 100.0, False, {}), spread=True)
     assert scored.lists.targets.tolist() == [[0.75, -0.25], [-0.25, 1.75]]
+
+
+def test_the_command_corrects_by_default_and_can_count_as_is():
+    import argparse
+
+    from sieve.training.feedback_cli import register
+    from sieve.training.feedback_config import LearnConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert LearnConfig().noise == "estimated"
+    assert parser.parse_args(["feedback", "learn"]).noise == "estimated"
+    assert parser.parse_args(["feedback", "learn", "--noise", "off"]).noise == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["feedback", "learn", "--noise", "maybe"])
