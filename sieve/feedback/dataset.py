@@ -83,6 +83,17 @@ def build(entries: list[Entry], index, depth: int) -> tuple[ClickLists, dict]:
     return ClickLists(np.stack(vecs).astype(np.float32), np.stack(rows), np.stack(feats), np.stack(targets), keys), stats
 
 
+def click_weight(props: Propensities, clip: float, exposure: dict[str, tuple[int, dict[str, float]]]):
+    """The weight of a click on `doc` shown at `rank` for query `key`, as a function of (key, doc, rank): 1 / the
+    document's policy-aware propensity over its query's answers (`exposure`, Logs.exposure), or 1 / p(rank) where
+    `exposure` has no examinations for it (position weights: an empty `exposure`), clipped at `clip`."""
+    def weight(key: str, doc: str, rank: int) -> float:
+        n, exams = exposure.get(key, (0, {}))
+        rho = exams[doc] / n if n and exams.get(doc) else props.of(rank)
+        return min(1.0 / rho, clip)
+    return weight
+
+
 @dataclass
 class Logs:
     impressions: dict[str, dict]
@@ -149,6 +160,7 @@ class Logs:
             exposure = {}
         elif exposure is None:
             exposure = self.exposure(props)
+        weight = click_weight(props, clip, exposure)
         latest = {}
         for imp in sorted(self.impressions.values(), key=lambda r: r["t"]):
             if "candidates" in imp and "vector" in imp:
@@ -166,9 +178,8 @@ class Logs:
                     targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), e["label"] / 3)
                 elif e["doc_id"] in imp["shown"]:
                     rank = imp["shown"].index(e["doc_id"]) + 1
-                    n, exams = exposure.get(imp["query_key"], (0, {}))
-                    rho = exams[e["doc_id"]] / n if n and exams.get(e["doc_id"]) else props.of(rank)
-                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), min(1.0 / rho, clip))
+                    w = weight(imp["query_key"], e["doc_id"], rank)
+                    targets[e["doc_id"]] = max(targets.get(e["doc_id"], 0.0), w)
                     ranks[e["doc_id"]] = rank
             entries.append(Entry(imp["query_key"], unpack(full["vector"]), full["candidates"], unpack(full["be"]),
                                  unpack(full["bm25"]), targets, ranks, imp["t"]))

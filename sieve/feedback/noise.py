@@ -66,11 +66,12 @@ def estimate(clicks, exams, iterations: int = 200) -> Noise | None:
 
 def expected_noise(answers, keys, props, weight) -> dict[tuple[str, str], float]:
     """(query key, doc id) -> the click-estimate credit that clicks at rate 1 per examination would give the document
-    over `answers` (memory.Shown) of the queries in `keys`: the sum over the answers that showed it of p(rank) x the
-    weight a click there gets (`weight(key, doc, rank)`). Times b, it is what noise alone earns it."""
+    over `answers` (memory.Shown) of the queries in `keys` (None: every query): the sum over the answers that showed
+    it of p(rank) x the weight a click there gets (`weight(key, doc, rank)`). Times b, it is what noise alone earns
+    it."""
     out: dict[tuple[str, str], float] = {}
     for answer in answers:
-        if answer.key not in keys:
+        if keys is not None and answer.key not in keys:
             continue
         for rank, doc in enumerate(answer.shown, 1):
             cell = (answer.key, doc)

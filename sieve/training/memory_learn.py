@@ -21,11 +21,12 @@ are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py
 pairs; b x the credit noise alone would give each document a judged query's answers showed is taken off it), so
 keeping a shown non-relevant document earns nothing over promoting one no answer showed. Split by query, every answer
 that is not held out validates: the queries are cut into `memory_folds` folds, each judged with the memory counted
-from the others (`selection_folds`). The memory counted from fit + validation answers with those weights is then
-judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default; feedback_learn.compare:
-the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout` answers; `memory_verdict`: the
-first memory must clearly beat the served ranking, as a CMC must; an update must clearly beat the ranking without a
-memory and not be below the served memory) and published only then: the memory judged is the memory published.
+from the others (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged
+on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default;
+feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout` answers;
+`memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must clearly beat the
+ranking without a memory and not be below the served memory) and published only then: the memory judged is the memory
+published.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sieve.feedback.dataset import ClickLists, Entry, build
+from sieve.feedback.dataset import ClickLists, Entry, build, click_weight
 from sieve.feedback.memory import ClickMemory, Shown, Tallies, tally
 from sieve.feedback.noise import Noise, estimate, expected_noise
 from sieve.feedback.records import unpack
@@ -244,33 +245,26 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
             if judged[j]]
 
 
-def click_weight(props, clip: float, policy: bool, exposure: dict):
-    """The weight `Logs.entries` gives a click on `doc` shown at `rank` for the query `key`, as a function."""
-    def weight(key: str, doc: str, rank: int) -> float:
-        n, exams = exposure.get(key, (0, {})) if policy else (0, {})
-        rho = exams[doc] / n if n and exams.get(doc) else props.of(rank)
-        return min(1.0 / rho, clip)
-    return weight
-
-
-def without_noise(judged: Scored, pool: list[Shown], rate: float, props, weight, spread: bool = False) -> None:
+def without_noise(judged: Scored, credit: dict[tuple[str, str], float], rate: float, spread: bool = False) -> None:
     """The affine correction (sieve/feedback/noise.py) of the estimate on `judged`: from each document the answers of
-    a judged query showed (`pool`: every answer of those queries the estimate's clicks come from), b x the credit
-    noise alone would earn it, as negative targets (one query's lists rank the same candidates), so a shown document
-    is worth (a - b) x its relevance and one no answer showed 0. On the query's first list (the mean over answers is
-    what selection compares), or with `spread` an equal share on each (the guard's bootstrap resamples answers)."""
+    a judged query showed, b x the credit noise alone would earn it (`credit`: noise.expected_noise over every answer
+    of those queries the estimate's clicks come from), as negative targets (one query's lists rank the same
+    candidates), so a shown document is worth (a - b) x its relevance and one no answer showed 0. On the query's first
+    list (the mean over answers is what selection compares), or with `spread` an equal share on each (the guard's
+    bootstrap resamples answers)."""
     lists: dict[str, list[int]] = {}
     for i, key in enumerate(judged.lists.keys):
         lists.setdefault(key, []).append(i)
     targets = judged.lists.targets.copy()
     at = {i: {doc: j for j, doc in enumerate(judged.ids[i]) if doc is not None}
           for rows in lists.values() for i in (rows if spread else rows[:1])}
-    for (key, doc), credit in expected_noise(pool, lists, props, weight).items():
-        rows = lists[key] if spread else lists[key][:1]
+    for (key, doc), value in credit.items():
+        rows = lists.get(key, [])
+        rows = rows if spread else rows[:1]
         for i in rows:
             j = at[i].get(doc)
             if j is not None:
-                targets[i, j] -= rate * credit / len(rows)
+                targets[i, j] -= rate * value / len(rows)
     judged.lists.targets = targets
 
 
@@ -309,9 +303,10 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         report["noise"] = noise.as_dict() if noise else "too few examined (query, document) pairs to estimate"
         if noise:
             pool = parts["validation"] if cfg.split == "time" else parts["fit"] + parts["validation"]
-            weight = click_weight(props, clip, cfg.propensities == "policy", exposure)
+            credit = expected_noise(pool, None, props,
+                                    click_weight(props, clip, exposure if cfg.propensities == "policy" else {}))
             for _, judged in folds:
-                without_noise(judged, pool, noise.noise, props, weight)
+                without_noise(judged, credit, noise.noise)
     chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
     memory = ClickMemory.build(counts, chosen["w_query"], chosen["w_doc"],
@@ -322,8 +317,8 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory,
                   exposure if cfg.guard_support == "shown" else None) if lists["heldout"] else None
     if held is not None and noise:  # the guard's estimate corrected alike, each held-out answer its share
-        without_noise(held, parts["heldout"], noise.noise, props,
-                      click_weight(props, clip, cfg.guard_propensities == "policy", exposure), spread=True)
+        weight = click_weight(props, clip, exposure if cfg.guard_propensities == "policy" else {})
+        without_noise(held, expected_noise(parts["heldout"], None, props, weight), noise.noise, spread=True)
     if held is None or not len(held.lists):
         report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
     else:

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from sieve.feedback import propensity
-from sieve.feedback.dataset import ClickLists
+from sieve.feedback.dataset import ClickLists, click_weight
 from sieve.feedback.memory import Shown, tally
 from sieve.feedback.noise import MIN_PAIRS, estimate, expected_noise
-from sieve.training.memory_learn import Scored, click_weight, noise_of, without_noise
+from sieve.training.memory_learn import Scored, noise_of, without_noise
 
 
 def simulated_counts(a: float, b: float, share: float, pairs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +52,7 @@ def test_noise_credit_is_one_weighted_click_per_answer_that_showed_it(policy):
     answers = [Shown("q", ["y", "x"], set())] * 2 + [Shown("q", ["x", "y"], set())] * 2 + [Shown("other", ["y"], set())]
     props = propensity.default(10)
     exposure = {"q": (4, {"y": 3.0, "x": 3.0})}
-    credit = expected_noise(answers, {"q"}, props, click_weight(props, 100.0, policy, exposure))
+    credit = expected_noise(answers, {"q"}, props, click_weight(props, 100.0, exposure if policy else {}))
     assert credit == {("q", "y"): pytest.approx(4.0), ("q", "x"): pytest.approx(4.0)}
 
 
@@ -64,7 +64,7 @@ def test_the_correction_charges_shown_documents_once_per_query():
     scored = Scored(lists, np.zeros((3, 3)), [["y", "x", "z"]] * 3)
     answers = [Shown("q", ["y", "x"], {"y"}), Shown("q", ["x", "y"], {"x"}), Shown("r", ["y"], {"y"})]
     props = propensity.default(10)
-    without_noise(scored, answers, 0.25, props, click_weight(props, 100.0, False, {}))
+    without_noise(scored, expected_noise(answers, None, props, click_weight(props, 100.0, {})), 0.25)
     assert scored.lists.targets.tolist() == [[0.5, -0.5, 0.0], [0.0, 2.0, 0.0], [0.75, 0.0, 0.0]]
 
 
@@ -74,7 +74,7 @@ def test_the_guards_correction_gives_each_answer_its_share():
     scored = Scored(lists, np.zeros((2, 2)), [["y", "x"]] * 2)
     answers = [Shown("q", ["y", "x"], {"y"}), Shown("q", ["x", "y"], {"x"})]
     props = propensity.default(10)
-    without_noise(scored, answers, 0.25, props, click_weight(props, 100.0, False, {}), spread=True)
+    without_noise(scored, expected_noise(answers, None, props, click_weight(props, 100.0, {})), 0.25, spread=True)
     assert scored.lists.targets.tolist() == [[0.75, -0.25], [-0.25, 1.75]]
 
 
