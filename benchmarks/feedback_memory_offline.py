@@ -32,7 +32,7 @@ from benchmarks.feedback_sim import by_group, paired, seen_groups  # noqa: E402
 from sieve.evaluation.dataset import load_split  # noqa: E402
 from sieve.evaluation.metrics import ndcg_at_k  # noqa: E402
 from sieve.evaluation.runner import EvalConfig, pipeline  # noqa: E402
-from sieve.training.feedback_cli import cosine_or_off  # noqa: E402
+from sieve.training.feedback_cli import cosine_or_off, select_cosine_or_off  # noqa: E402
 
 
 def served_lists(index: Path, data, cache: Path | None) -> dict:
@@ -121,13 +121,15 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
                     help="the candidates the guard's estimate ranks (default: the learner's)")
     ap.add_argument("--noise", choices=("estimated", "off"), default=None,
                     help="`sieve feedback learn --noise` (default: the learner's)")
+    ap.add_argument("--doc-related", type=select_cosine_or_off, default=None,
+                    help="`sieve feedback learn --doc-related` (default: the learner's)")
     return ap
 
 
 def support_kwargs(args) -> dict:
-    """--support, --guard-support, --noise and --doc-gate as LearnConfig fields (those given)."""
+    """--support, --guard-support, --noise, --doc-related and --doc-gate as LearnConfig fields (those given)."""
     out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
-                             ("noise", args.noise)) if v}
+                             ("noise", args.noise), ("doc_related", args.doc_related)) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate
     return out
@@ -139,6 +141,8 @@ def main() -> None:
     ap = run_arguments(__doc__)
     ap.add_argument("--near-grid", help="the learner's near_min grid for this run (comma-separated; default: its own)")
     ap.add_argument("--near-k-grid", help="the learner's near_k grid for this run (comma-separated; default: its own)")
+    ap.add_argument("--doc-related-grid", help="the learner's DOC_RELATED_GRID for this run (comma-separated cosines; "
+                    "default: its own)")
     ap.add_argument("--doc-gate", type=cosine_or_off, default=argparse.SUPPRESS,
                     help="`sieve feedback learn --doc-gate` (a cosine or off; default: the command's)")
     ap.add_argument("--out", type=Path, required=True)
@@ -151,6 +155,8 @@ def main() -> None:
     from sieve.training import memory_learn
     if args.near_grid:  # a what-if grid: learn_memory reads the module's grids when it runs
         memory_learn.NEAR_GRID = tuple(float(x) for x in args.near_grid.split(","))
+    if args.doc_related_grid:
+        memory_learn.DOC_RELATED_GRID = tuple(float(x) for x in args.doc_related_grid.split(","))
     if args.near_k_grid:
         memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
     memory, report = learned(args.index, {"heldout": args.heldout, "propensities": args.propensities,
@@ -159,7 +165,8 @@ def main() -> None:
     base = {"per_query": ndcgs(lists, data)}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before,
            "split": args.split, "queries": len(lists),
-           "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID},
+           "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID,
+                    "doc_related": memory_learn.DOC_RELATED_GRID},
            "default": round(float(np.mean(list(base["per_query"].values()))), 4),
            "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "noise", "chosen", "guard", "verdict",
                                                       "grid")}}

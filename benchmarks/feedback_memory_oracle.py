@@ -45,9 +45,9 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
         seen.update(cfg=cfg, logs=logs)
         return learn(cfg, logs, *rest)
 
-    def capture_select(folds, props, unit, vectors):  # its folds, propensities, score unit and query vectors
+    def capture_select(folds, props, unit, vectors, *rest):  # its folds, propensities, score unit and query vectors
         seen.update(folds=folds, props=props, unit=unit, vectors=vectors)
-        return select(folds, props, unit, vectors)
+        return select(folds, props, unit, vectors, *rest)
 
     memory_learn.learn_memory, memory_learn.select = capture_learn, capture_select
     try:

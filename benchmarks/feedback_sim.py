@@ -263,6 +263,8 @@ def main() -> None:
                     help="`sieve feedback learn --guard-support` (default: the command's)")
     ap.add_argument("--noise", choices=["estimated", "off"], default=None,
                     help="`sieve feedback learn --noise` (default: the command's)")
+    ap.add_argument("--doc-related", default=None,
+                    help="`sieve feedback learn --doc-related` (select, a cosine or off; default: the command's)")
     ap.add_argument("--doc-gate", default=None, help="`sieve feedback learn --doc-gate` (a cosine or off; default: "
                     "the command's)")
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
@@ -304,7 +306,8 @@ def main() -> None:
            "train (head queries' own qrels)" if args.scenario == "head" else "test",
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split,
            "propensities": args.propensities, "clip": args.clip, "support": args.support,
-           "guard_support": args.guard_support, "doc_gate": args.doc_gate, "noise": args.noise, "command": " ".join(sys.argv),
+           "guard_support": args.guard_support, "doc_gate": args.doc_gate, "noise": args.noise,
+           "doc_related": args.doc_related, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),
@@ -325,7 +328,8 @@ def main() -> None:
                 (("--support", args.support) if args.support else ()) + \
                 (("--guard-support", args.guard_support) if args.guard_support else ()) + \
                 (("--doc-gate", args.doc_gate) if args.doc_gate else ()) + \
-                (("--noise", args.noise) if args.noise else ())
+                (("--noise", args.noise) if args.noise else ()) + \
+                (("--doc-related", str(args.doc_related)) if args.doc_related else ())
             learned = learn(index, args.steps, args.split, args.learn, extra)
             reloaded = reload(server.url)
             reload(judge.url)

@@ -17,7 +17,11 @@ At /search (`rerank`), after the last ranking stage scored all the candidates an
          (+ w_n x f(nearest other remembered queries, document): the cosine-weighted mean of f over the near_k
             remembered queries closest to this one by query vector, those with cosine >= near_min)
 With `doc_gate` the per-document term speaks only for a query the memory knows: remembered itself, or with a
-remembered query at cosine >= doc_gate (a query about a topic no user clicked on gets no popularity boost).
+remembered query at cosine >= doc_gate (a query about a topic no user clicked on gets no popularity boost). With
+`doc_related` it speaks for a document only where a remembered query whose users clicked it (f(that query, document)
+> 0) is at cosine >= doc_related with this query: a document popular with users of other topics is not lifted for
+this one (RESULTS.md, issue 33, twenty-fifth session: on SciFact that popularity cost the queries without a train
+query about their documents -0.02).
 where `score` is the answer's own `score` (never increasing down the list), and the list is sorted by score' again
 (stable): a clicked document deeper in the candidates can rise, one examined often and never clicked can fall.
 The query is found by the hash the impression recorder logs (records.query_key of the whitespace-normalised query).
@@ -102,32 +106,36 @@ class ClickMemory:
     near_keys: list[str] = field(default_factory=list)  # queries whose vectors are kept (rows of near_vectors)
     near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
     doc_gate: float | None = None  # w_d f(document) only for a known query: remembered, or one at this cosine
+    doc_related: float | None = None  # w_d f(document) only where a remembered query that clicked it is this close
+    _clickers: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (doc -> slot, starts, rows)
     version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
     about: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, tallies: Tallies, w_query: float, w_doc: float, pseudo: float, about: dict | None = None,
               w_near: float = 0.0, near_min: float = 0.9, vectors: dict[str, np.ndarray] | None = None,
-              near_k: int = 1, doc_gate: float | None = None):
+              near_k: int = 1, doc_gate: float | None = None, doc_related: float | None = None):
         """`vectors`: query key -> the query's vector (the impressions'), for the nearest-query term and the gate of
-        the per-document term."""
+        the per-document term and its clicker gate (doc_related)."""
+        gated = w_doc and (doc_gate is not None or doc_related is not None)  # the term reads the queries' vectors
         prior = tallies.prior
         pairs: dict[str, dict[str, float]] = {}
         docs: dict[str, float] = {}
         if prior > 0:
-            if w_query or w_near or (w_doc and doc_gate is not None):
+            if w_query or w_near or gated:
                 for (key, doc), (c, e) in tallies.pairs.items():
                     pairs.setdefault(key, {})[doc] = log_ratio(c, e, prior, pseudo)
             if w_doc:
                 docs = {doc: log_ratio(c, e, prior, pseudo) for doc, (c, e) in tallies.docs.items()}
         keys, matrix = [], None
-        if (w_near or (w_doc and doc_gate is not None)) and vectors:
+        if (w_near or gated) and vectors:
             keys = [k for k in pairs if k in vectors][:MAX_NEAR]
             if keys:
                 matrix = np.stack([vectors[k] for k in keys]).astype(np.float32)
                 matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
         return cls(w_query, w_doc, pseudo, prior, pairs, docs, w_near if keys else 0.0, near_min, near_k, keys,
-                   matrix, doc_gate=doc_gate if w_doc else None, about=dict(about or {}))
+                   matrix, doc_gate=doc_gate if w_doc else None, doc_related=doc_related if w_doc and keys else None,
+                   about=dict(about or {}))
 
     def similarities(self, vector) -> np.ndarray | None:
         """Cosine of `vector` with every remembered query's vector (None: no vector or none remembered)."""
@@ -143,6 +151,39 @@ class ClickMemory:
         if gate is None or key in self.pairs:
             return True
         return sims is not None and bool((sims >= gate).any())
+
+    def clickers(self) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+        """For the per-document gate: (doc id -> slot, starts (slots + 1,), rows): slot j's clickers are the rows
+        rows[starts[j]:starts[j + 1]] of near_vectors, the remembered queries with f(query, document) > 0."""
+        if self._clickers is None:
+            by_doc: dict[str, list[int]] = defaultdict(list)
+            for row, key in enumerate(self.near_keys):
+                for doc, f in self.pairs.get(key, {}).items():
+                    if f > 0:
+                        by_doc[doc].append(row)
+            slot = {doc: j for j, doc in enumerate(by_doc)}
+            starts = np.cumsum([0] + [len(v) for v in by_doc.values()])
+            rows = np.fromiter((r for v in by_doc.values() for r in v), np.int64, int(starts[-1]))
+            self._clickers = (slot, starts, rows)
+        return self._clickers
+
+    def closest_clicker(self, ids, sims: np.ndarray) -> np.ndarray:
+        """(len(ids),) per document the cosine of this query (`sims`: its similarities()) with the closest remembered
+        query whose users clicked it, -inf where none did (the sign of f, so this, does not depend on m)."""
+        slot, starts, rows = self.clickers()
+        if not len(rows):
+            return np.full(len(ids), -np.inf)
+        best = np.maximum.reduceat(sims[rows], starts[:-1])  # per slot (every slot has a clicker)
+        return np.fromiter((best[slot[d]] if d in slot else -np.inf for d in ids), np.float64, len(ids))
+
+    def related(self, ids, sims: np.ndarray | None) -> np.ndarray:
+        """(len(ids),) True where the per-document term speaks for the document (doc_related: a remembered query
+        that clicked it is at cosine >= doc_related); all True without that gate, all False without a vector."""
+        if self.doc_related is None:
+            return np.ones(len(ids), bool)
+        if sims is None:
+            return np.zeros(len(ids), bool)
+        return self.closest_clicker(ids, sims) >= self.doc_related
 
     def nearest(self, key: str, vector, sims: np.ndarray | None = None) -> dict[str, float]:
         """f of the nearest other remembered queries (up to near_k with cos >= near_min; more than one: their
@@ -175,10 +216,12 @@ class ClickMemory:
         per-document table is looked up once per id; one product with the remembered queries' vectors when the
         nearest-query term is on."""
         out = np.zeros(len(ids))
-        sims = self.similarities(vector) if self.w_near or self.doc_gate is not None else None
+        sims = self.similarities(vector) if self.w_near or self.doc_gate is not None or self.doc_related is not None \
+            else None
         if self.w_doc and self.docs and self.knows(key, sims):
             docs = self.docs
-            out += self.w_doc * np.fromiter((docs.get(doc, 0.0) for doc in ids), np.float64, len(ids))
+            fd = np.fromiter((docs.get(doc, 0.0) for doc in ids), np.float64, len(ids))
+            out += self.w_doc * (fd if self.doc_related is None else fd * self.related(ids, sims))
         tables = [(t, w) for t, w in ((self.pairs.get(key) if self.w_query else None, self.w_query),
                                        (self.nearest(key, vector, sims), self.w_near)) if t]
         if tables:
@@ -201,7 +244,7 @@ class ClickMemory:
         vectors = {} if self.near_vectors is None else {k: pack(v) for k, v in zip(self.near_keys, self.near_vectors)}
         path.write_text(json.dumps({"w_query": self.w_query, "w_doc": self.w_doc, "pseudo": self.pseudo,
                                     "prior": self.prior, "w_near": self.w_near, "near_min": self.near_min,
-                                    "near_k": self.near_k, "doc_gate": self.doc_gate,
+                                    "near_k": self.near_k, "doc_gate": self.doc_gate, "doc_related": self.doc_related,
                                     "pairs": self.pairs, "docs": self.docs, "vectors": vectors,
                                     "about": self.about}, separators=(",", ":")), encoding="utf-8")
         return path
@@ -216,4 +259,4 @@ class ClickMemory:
                    {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
                    {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
                    float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix,
-                   raw.get("doc_gate"), Path(directory).name, raw.get("about", {}))
+                   raw.get("doc_gate"), raw.get("doc_related"), Path(directory).name, raw.get("about", {}))

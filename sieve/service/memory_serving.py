@@ -49,5 +49,5 @@ class ServedMemory:
             return None
         return {"version": memory.version, "w_query": memory.w_query, "w_doc": memory.w_doc,
                 "w_near": memory.w_near, "near_min": memory.near_min, "near_k": memory.near_k,
-                "doc_gate": memory.doc_gate, "pseudo": memory.pseudo,
+                "doc_gate": memory.doc_gate, "doc_related": memory.doc_related, "pseudo": memory.pseudo,
                 "queries": len(memory.pairs), "documents": len(memory.docs)}

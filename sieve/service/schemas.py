@@ -341,6 +341,7 @@ class ClickMemoryStatus(BaseModel):
     near_min: float = Field(..., description="Cosine from which a remembered query counts as near.")
     near_k: int = Field(..., description="How many of the nearest remembered queries the term averages.")
     doc_gate: float | None = Field(None, description="The per-document term applies only to a query the memory knows: remembered itself, or with a remembered query at this cosine or more (null: to every query).")
+    doc_related: float | None = Field(None, description="The per-document term applies to a document only where a remembered query whose users clicked it is at this cosine or more with the query (null: wherever it has a term).")
     pseudo: float = Field(..., description="Pseudo-examinations the click-through rates are smoothed with.")
     queries: int = Field(..., description="Queries (by hash) with remembered documents.")
     documents: int = Field(..., description="Documents with a per-document term.")

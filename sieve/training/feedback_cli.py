@@ -41,6 +41,12 @@ def cosine_or_off(text: str) -> float | None:
     return value
 
 
+def select_cosine_or_off(text: str) -> str | float:
+    """--doc-related: select, off, or a cosine."""
+    return "select" if text.strip().lower() == "select" else (cosine_or_off(text) if text.strip().lower() not in
+                                                              ("off", "none") else "off")
+
+
 def register(sub) -> None:
     from sieve.training.feedback_config import LearnConfig
 
@@ -78,6 +84,10 @@ def register(sub) -> None:
                        help="the click memory's selection and guard estimates without the credit clicks on "
                             "non-relevant results give every shown document (the noise click rate, estimated from the "
                             "logs: sieve/feedback/noise.py), or as counted (off)")
+    learn.add_argument("--doc-related", type=select_cosine_or_off, default=d.doc_related, metavar="select|COSINE|off",
+                       help="the click memory's per-document term for a document only where a remembered query whose "
+                            "users clicked it is at this cosine or more with the query (select: a cosine or none, "
+                            f"chosen on validation clicks; off: never gated; default: {d.doc_related})")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -139,7 +149,7 @@ def learn(args, settings) -> int:
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
                       support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate,
-                      noise=args.noise)
+                      noise=args.noise, doc_related=args.doc_related)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:
@@ -199,7 +209,8 @@ def learn_memory_into(cfg, logs, props, index, model, settings, args) -> tuple[i
     path = mstore.publish(work)
     report["installed"] = str(path)
     gate = "" if memory.doc_gate is None else f" at cosine >= {memory.doc_gate:g}"
-    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}{gate}, "
+    related = "" if memory.doc_related is None else f", where a clicker is at cosine >= {memory.doc_related:g}"
+    log(f"click memory published {path} (w_query {memory.w_query:.4g}, w_doc {memory.w_doc:.4g}{gate}{related}, "
         f"w_near {memory.w_near:.4g}, pseudo {memory.pseudo:g}); a server on this index loads it on reload or its next "
         "poll")
     return 0, report

@@ -46,6 +46,8 @@ W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the 
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
 NEAR_GRID = (0.8, 0.9)  # cosine from which a near remembered query counts (0.7 dropped: RESULTS.md, twenty-second session)
 NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
+DOC_RELATED_GRID = (0.2, 0.3, 0.4)  # cosines the per-document term's clicker gate is tried at (and none): low, so it keeps
+# documents that related queries clicked and drops the popularity other topics gave them (0.5-0.6 cost NFCorpus dev)
 
 
 def bucket(key: str) -> float:
@@ -96,13 +98,25 @@ class Scored:
         for i, (key, ids) in enumerate(zip(self.lists.keys, self.ids)):
             pair = memory.pairs.get(key, {})
             sims = memory.similarities(self.lists.query_vectors[i]) if memory.w_near or memory.doc_gate is not None \
-                else None
+                or memory.doc_related is not None else None
             near = memory.nearest(key, self.lists.query_vectors[i], sims)
             docs = memory.docs if memory.knows(key, sims) else {}
             for j, doc in enumerate(ids):
                 if doc is not None:
                     fq[i, j], fn[i, j], fd[i, j] = pair.get(doc, 0.0), near.get(doc, 0.0), docs.get(doc, 0.0)
+            if memory.doc_related is not None:
+                fd[i, :len(ids)] *= memory.related([doc or "" for doc in ids], sims)
         return fq, fn, fd
+
+    def closest(self, memory: ClickMemory) -> np.ndarray:
+        """(Q, K) per candidate the cosine of its list's query with the closest remembered query that clicked it
+        (ClickMemory.closest_clicker), -inf where none did or the list has no vector."""
+        out = np.full(self.base.shape, -np.inf)
+        for i, ids in enumerate(self.ids):
+            sims = memory.similarities(self.lists.query_vectors[i])
+            if sims is not None:
+                out[i, :len(ids)] = memory.closest_clicker([doc or "" for doc in ids], sims)
+        return out
 
     def known(self, memory: ClickMemory, gate: float) -> np.ndarray:
         """(Q, 1) 1.0 where the memory knows the list's query at cosine `gate` (ClickMemory.knows), else 0.0."""
@@ -157,32 +171,40 @@ def spread(folds: list[Scored]) -> float:
 
 
 def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors: dict,
-           doc_gate: float | None = None) -> tuple[dict, list]:
+           doc_gate: float | None = None, doc_related: str | float = "off") -> tuple[dict, list]:
     """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean IPS-DCG over the grid on the judged
     answers of every fold (each fold: the answers its memory is counted from, and the clicked answers it is judged
     on, whose queries those never include when split by query), and the grid's best results. A choice must beat the
     ranking without a memory (none does: all weights 0, nothing to publish), not the memory served now: on answers
     that memory ranked the estimate favours it (memory_verdict), and the held-out guard judges the choice against
     both. `doc_gate` (`cfg.doc_gate`): the per-document term counts only for a list whose query the memory knows
-    (ClickMemory.knows), as it will be served."""
+    (ClickMemory.knows), as it will be served. With `doc_related` "select" (`cfg.doc_related`) a second pass
+    (`doc_pass`) then chooses the per-document term's weight again under a gate on the users who clicked each
+    document (ClickMemory.doc_related, from DOC_RELATED_GRID, or none), the rest of the choice held: the whole grid
+    over the gate too would cost four times the first pass. A cosine as `doc_related` gates the term at it throughout
+    instead."""
+    fixed = doc_related if isinstance(doc_related, float) else None
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
     none = sum(float(s.none().sum()) for s in judged) / answers
     bases = [s.judged(s.base) for s in judged]  # -inf where not ranked: the memory's terms leave it there
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
-                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gate": None}, none, []
+                                 "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gate": None,
+                                 "doc_related": None}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
-    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors) for t in tallies]
+    counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors, doc_related=fixed) for t in tallies]
                for m in PSEUDO_GRID}
     gates = [s.known(memory, doc_gate) for memory, s in zip(counted[PSEUDO_GRID[0]], judged)] \
         if doc_gate is not None else []  # the same remembered queries whatever m
+    doc_terms: dict[float, list[np.ndarray]] = {}
     for m, near_min, near_k in itertools.product(PSEUDO_GRID, NEAR_GRID, NEAR_K_GRID):
         memories = [replace(memory, near_min=near_min, near_k=near_k) for memory in counted[m]]
         terms = [s.terms(memory) for memory, s in zip(memories, judged)]
         known = any(fq.any() for fq, _, _ in terms)  # no judged query remembered (split by query): w_q changes nothing
         if doc_gate is not None:  # the per-document term only for the lists whose query the memory knows
             terms = [(fq, fn, fd * gate) for (fq, fn, fd), gate in zip(terms, gates)]
+        doc_terms.setdefault(m, [fd for _, _, fd in terms])  # f(doc) depends on m only (and the fixed gate)
         for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
             if not (a or b or c) or (a and not known) or \
                     (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
@@ -190,13 +212,37 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
                         for s, base, (fq, fn, fd) in zip(judged, bases, terms)) / answers
             choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
-                      "near_k": near_k, "doc_gate": doc_gate if b else None}
+                      "near_k": near_k, "doc_gate": doc_gate if b else None, "doc_related": fixed if b else None}
             results.append({**choice, "validation_ips_dcg": round(value, 5)})
             if value > best_value + 1e-12:
                 best, best_value = choice, value
+    if doc_related == "select":
+        best, best_value = doc_pass(best, best_value, judged, bases, counted, doc_terms[best["pseudo"]], unit,
+                                    answers, doc_gate, results)
     return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
                    "folds": len(folds), "validation_answers": answers}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
+
+
+def doc_pass(best: dict, best_value: float, judged: list[Scored], bases: list[np.ndarray], counted: dict,
+             doc_terms: list[np.ndarray], unit: float, answers: int, doc_gate: float | None, results: list
+             ) -> tuple[dict, float]:
+    """select()'s second pass: the per-document term's clicker gate (`doc_related` over DOC_RELATED_GRID) and its
+    weight (W_GRID), the rest of the choice held (`doc_terms`: the term's values at the chosen m, ungated); kept only
+    where it beats the choice (ties: the choice). The gate reads the memory of the chosen m (which queries clicked a
+    document does not depend on m)."""
+    memories = [replace(memory, near_min=best["near_min"], near_k=best["near_k"]) for memory in counted[best["pseudo"]]]
+    kept = [(fq, fn) for fq, fn, _ in (s.terms(memory) for memory, s in zip(memories, judged))]
+    closest = [s.closest(memory) for memory, s in zip(memories, judged)]
+    a, c = best["w_query"] / unit, best["w_near"] / unit
+    for related, b in itertools.product(DOC_RELATED_GRID, W_GRID[1:]):  # a gate on a weight of 0 changes nothing
+        value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd * (near >= related)), s.lists).sum())
+                    for s, base, (fq, fn), fd, near in zip(judged, bases, kept, doc_terms, closest)) / answers
+        choice = {**best, "w_doc": b * unit, "doc_related": related, "doc_gate": doc_gate}
+        results.append({**choice, "validation_ips_dcg": round(value, 5)})
+        if value > best_value + 1e-12:
+            best, best_value = choice, value
+    return best, best_value
 
 
 def memory_verdict(guard: dict, cfg) -> str | None:
@@ -307,13 +353,13 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
                                     click_weight(props, clip, exposure if cfg.propensities == "policy" else {}))
             for _, judged in folds:
                 without_noise(judged, credit, noise.noise)
-    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate)
+    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate, cfg.doc_related)
     report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
     memory = ClickMemory.build(counts, chosen["w_query"], chosen["w_doc"],
                                chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
                                                   "propensity": props.source},
                                chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"],
-                               chosen.get("doc_gate"))
+                               chosen.get("doc_gate"), chosen.get("doc_related"))
     held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory,
                   exposure if cfg.guard_support == "shown" else None) if lists["heldout"] else None
     if held is not None and noise:  # the guard's estimate corrected alike, each held-out answer its share
