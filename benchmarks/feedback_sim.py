@@ -281,6 +281,12 @@ def main() -> None:
             cosine_or_off(args.doc_gate)
         except argparse.ArgumentTypeError as e:
             ap.error(f"--doc-gate: {e}")
+    if args.doc_related:
+        from sieve.training.feedback_cli import select_cosine_or_off
+        try:
+            select_cosine_or_off(args.doc_related)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--doc-related: {e}")
 
     train_data = load_split(args.data, "train")
     if args.scenario == "head":

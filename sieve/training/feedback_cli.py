@@ -43,8 +43,13 @@ def cosine_or_off(text: str) -> float | None:
 
 def select_cosine_or_off(text: str) -> str | float:
     """--doc-related: select, off, or a cosine."""
-    return "select" if text.strip().lower() == "select" else (cosine_or_off(text) if text.strip().lower() not in
-                                                              ("off", "none") else "off")
+    word = text.strip().lower()
+    if word in ("select", "off", "none"):
+        return "off" if word == "none" else word
+    try:
+        return cosine_or_off(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (nor 'select')") from None
 
 
 def register(sub) -> None:
