@@ -107,7 +107,7 @@ class ClickMemory:
     near_vectors: np.ndarray | None = None  # (N, d) float32, unit length
     doc_gate: float | None = None  # w_d f(document) only for a known query: remembered, or one at this cosine
     doc_related: float | None = None  # w_d f(document) only where a remembered query that clicked it is this close
-    _clickers: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (doc -> slot, starts, rows)
+    _clickers: tuple | None = field(default=None, init=False, repr=False, compare=False)  # doc_table(), once built
     version: str = ""  # the published directory's name (the results-cache fingerprint reads it)
     about: dict = field(default_factory=dict)
 
@@ -152,29 +152,41 @@ class ClickMemory:
             return True
         return sims is not None and bool((sims >= gate).any())
 
-    def clickers(self) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
-        """For the per-document gate: (doc id -> slot, starts (slots + 1,), rows): slot j's clickers are the rows
-        rows[starts[j]:starts[j + 1]] of near_vectors, the remembered queries with f(query, document) > 0."""
+    def doc_table(self) -> tuple[dict[str, int], np.ndarray, np.ndarray, np.ndarray]:
+        """The per-document term as arrays, built once: (doc id -> slot, f by slot with a 0 after the last (the slot
+        -1 of a document without one), starts (slots + 1,), rows): slot j's clickers are rows[starts[j]:starts[j + 1]]
+        of near_vectors, the remembered queries whose users clicked it (f(query, document) > 0; maybe none)."""
         if self._clickers is None:
-            by_doc: dict[str, list[int]] = defaultdict(list)
+            slot = {doc: j for j, doc in enumerate(self.docs)}
+            by_slot: list[list[int]] = [[] for _ in slot]
             for row, key in enumerate(self.near_keys):
                 for doc, f in self.pairs.get(key, {}).items():
-                    if f > 0:
-                        by_doc[doc].append(row)
-            slot = {doc: j for j, doc in enumerate(by_doc)}
-            starts = np.cumsum([0] + [len(v) for v in by_doc.values()])
-            rows = np.fromiter((r for v in by_doc.values() for r in v), np.int64, int(starts[-1]))
-            self._clickers = (slot, starts, rows)
+                    if f > 0 and doc in slot:
+                        by_slot[slot[doc]].append(row)
+            starts = np.cumsum([0] + [len(v) for v in by_slot]).astype(np.int64)
+            rows = np.fromiter((r for v in by_slot for r in v), np.int64, int(starts[-1]))
+            f = np.fromiter(self.docs.values(), np.float64, len(slot))
+            self._clickers = (slot, np.append(f, 0.0), starts, rows)
         return self._clickers
+
+    def slots(self, ids) -> np.ndarray:
+        """(len(ids),) each document's slot in doc_table(), -1 for one without a per-document term."""
+        slot = self.doc_table()[0]
+        return np.fromiter((slot.get(d, -1) for d in ids), np.int64, len(ids))
+
+    def closest_by_slot(self, at: np.ndarray, sims: np.ndarray) -> np.ndarray:
+        """closest_clicker() from slots(ids)."""
+        _, _, starts, rows = self.doc_table()
+        best = np.full(len(starts), -np.inf)  # the last: slot -1
+        some = np.flatnonzero(starts[:-1] < starts[1:])
+        if len(some):
+            best[some] = np.maximum.reduceat(sims[rows], starts[some])  # clickers of a slot are contiguous
+        return best[at]
 
     def closest_clicker(self, ids, sims: np.ndarray) -> np.ndarray:
         """(len(ids),) per document the cosine of this query (`sims`: its similarities()) with the closest remembered
         query whose users clicked it, -inf where none did (the sign of f, so this, does not depend on m)."""
-        slot, starts, rows = self.clickers()
-        if not len(rows):
-            return np.full(len(ids), -np.inf)
-        best = np.maximum.reduceat(sims[rows], starts[:-1])  # per slot (every slot has a clicker)
-        return np.fromiter((best[slot[d]] if d in slot else -np.inf for d in ids), np.float64, len(ids))
+        return self.closest_by_slot(self.slots(ids), sims)
 
     def related(self, ids, sims: np.ndarray | None) -> np.ndarray:
         """(len(ids),) True where the per-document term speaks for the document (doc_related: a remembered query
@@ -219,9 +231,11 @@ class ClickMemory:
         sims = self.similarities(vector) if self.w_near or self.doc_gate is not None or self.doc_related is not None \
             else None
         if self.w_doc and self.docs and self.knows(key, sims):
-            docs = self.docs
-            fd = np.fromiter((docs.get(doc, 0.0) for doc in ids), np.float64, len(ids))
-            out += self.w_doc * (fd if self.doc_related is None else fd * self.related(ids, sims))
+            at = self.slots(ids)
+            fd = self.doc_table()[1][at]
+            if self.doc_related is not None:
+                fd = fd * (self.closest_by_slot(at, sims) >= self.doc_related) if sims is not None else 0.0 * fd
+            out += self.w_doc * fd
         tables = [(t, w) for t, w in ((self.pairs.get(key) if self.w_query else None, self.w_query),
                                        (self.nearest(key, vector, sims), self.w_near)) if t]
         if tables:
