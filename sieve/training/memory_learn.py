@@ -46,8 +46,9 @@ W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the 
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
 NEAR_GRID = (0.8, 0.9)  # cosine from which a near remembered query counts (0.7 dropped: RESULTS.md, twenty-second session)
 NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term averages
-DOC_RELATED_GRID = (0.2, 0.3, 0.4)  # cosines the per-document term's clicker gate is tried at (and none): low, so it keeps
-# documents that related queries clicked and drops the popularity other topics gave them (0.5-0.6 cost NFCorpus dev)
+# cosines the per-document term's clicker gate is tried at (and none): low, so it keeps documents that related queries
+# clicked and drops the popularity other topics gave them (0.5 and 0.6 cost NFCorpus dev: RESULTS.md, twenty-fifth session)
+DOC_RELATED_GRID = (0.2, 0.3, 0.4)
 
 
 def bucket(key: str) -> float:

@@ -43,7 +43,8 @@ def test_the_gated_term_lifts_only_documents_related_queries_clicked(tmp_path):
     assert built(0.6).boost("new", ["x", "y"], HALF).tolist() == [0.0, 0.0]  # cosine 0.5 < 0.6
     loaded = ClickMemory.load(gated.save(tmp_path).parent)
     assert loaded.doc_related == 0.3
-    assert loaded.boost("new", ["x", "y"], HALF).tolist() == pytest.approx(gated.boost("new", ["x", "y"], HALF).tolist())
+    assert loaded.boost("new", ["x", "y"], HALF).tolist() == \
+        pytest.approx(gated.boost("new", ["x", "y"], HALF).tolist())
     assert ClickMemory.build(tally(COUNTED, Flat()), 0.0, 0.0, 2.0, vectors=VECTORS, doc_related=0.3).doc_related \
         is None  # no per-document term: nothing to gate
 
