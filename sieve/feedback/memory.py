@@ -188,14 +188,15 @@ class ClickMemory:
         query whose users clicked it, -inf where none did (the sign of f, so this, does not depend on m)."""
         return self.closest_by_slot(self.slots(ids), sims)
 
-    def related(self, ids, sims: np.ndarray | None) -> np.ndarray:
-        """(len(ids),) True where the per-document term speaks for the document (doc_related: a remembered query
-        that clicked it is at cosine >= doc_related); all True without that gate, all False without a vector."""
+    def related(self, at: np.ndarray, sims: np.ndarray | None) -> np.ndarray:
+        """(len(at),) True where the per-document term speaks for the document in slot `at` (slots(ids); doc_related:
+        a remembered query that clicked it is at cosine >= doc_related); all True without that gate, all False
+        without a vector."""
         if self.doc_related is None:
-            return np.ones(len(ids), bool)
+            return np.ones(len(at), bool)
         if sims is None:
-            return np.zeros(len(ids), bool)
-        return self.closest_clicker(ids, sims) >= self.doc_related
+            return np.zeros(len(at), bool)
+        return self.closest_by_slot(at, sims) >= self.doc_related
 
     def nearest(self, key: str, vector, sims: np.ndarray | None = None) -> dict[str, float]:
         """f of the nearest other remembered queries (up to near_k with cos >= near_min; more than one: their
@@ -233,9 +234,7 @@ class ClickMemory:
         if self.w_doc and self.docs and self.knows(key, sims):
             at = self.slots(ids)
             fd = self.doc_table()[1][at]
-            if self.doc_related is not None:
-                fd = fd * (self.closest_by_slot(at, sims) >= self.doc_related) if sims is not None else 0.0 * fd
-            out += self.w_doc * fd
+            out += self.w_doc * (fd if self.doc_related is None else fd * self.related(at, sims))
         tables = [(t, w) for t, w in ((self.pairs.get(key) if self.w_query else None, self.w_query),
                                        (self.nearest(key, vector, sims), self.w_near)) if t]
         if tables:
@@ -269,8 +268,10 @@ class ClickMemory:
         vectors = raw.get("vectors") or {}
         keys = list(vectors)
         matrix = np.stack([unpack(vectors[k]) for k in keys]) if keys else None
-        return cls(float(raw["w_query"]), float(raw["w_doc"]), float(raw["pseudo"]), float(raw["prior"]),
+        memory = cls(float(raw["w_query"]), float(raw["w_doc"]), float(raw["pseudo"]), float(raw["prior"]),
                    {k: {d: float(f) for d, f in v.items()} for k, v in raw["pairs"].items()},
                    {d: float(f) for d, f in raw["docs"].items()}, float(raw.get("w_near", 0.0)),
                    float(raw.get("near_min", 0.9)), int(raw.get("near_k", 1)), keys, matrix,
                    raw.get("doc_gate"), raw.get("doc_related"), Path(directory).name, raw.get("about", {}))
+        memory.doc_table()  # built here, where the server loads a memory off the request path, not by a /search
+        return memory

@@ -106,7 +106,7 @@ class Scored:
                 if doc is not None:
                     fq[i, j], fn[i, j], fd[i, j] = pair.get(doc, 0.0), near.get(doc, 0.0), docs.get(doc, 0.0)
             if memory.doc_related is not None:
-                fd[i, :len(ids)] *= memory.related([doc or "" for doc in ids], sims)
+                fd[i, :len(ids)] *= memory.related(memory.slots([doc or "" for doc in ids]), sims)
         return fq, fn, fd
 
     def closest(self, memory: ClickMemory) -> np.ndarray:
