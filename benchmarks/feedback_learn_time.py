@@ -15,6 +15,7 @@ import csv
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--index", type=Path, required=True, help="a local index of --data's corpus (copied, not changed)")
     ap.add_argument("--data", type=Path, required=True, help="BEIR dataset folder with qrels/train.tsv")
     ap.add_argument("--answers", type=int, default=240_000, help="answers in the log (~0.43 clicks each)")
+    ap.add_argument("--learn-args", default="", help="more options of `sieve feedback learn` (e.g. "
+                    "'--memory-guard crossfit')")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     sieve = str(Path(sys.executable).with_name("sieve"))
@@ -80,7 +83,8 @@ def main() -> None:
         print(f"{args.answers} answers, {clicks} clicks", flush=True)
         imported = timed([sieve, "feedback", "import", str(work / "clicks.jsonl"), "--index", str(index)],
                          work / "import.log")
-        learned = timed([sieve, "feedback", "learn", "--index", str(index), "--dry-run"], work / "learn.log")
+        learned = timed([sieve, "feedback", "learn", "--index", str(index), "--dry-run", *shlex.split(args.learn_args)],
+                        work / "learn.log")
         log_mb = sum(p.stat().st_size for p in (index / "feedback").iterdir()) / 2**20
     report = {"answers": args.answers, "clicks": clicks, "feedback_log_mb": round(log_mb), "import": imported,
               "learn": learned, "load_average_after": os.getloadavg(), "machine": machine_info(),

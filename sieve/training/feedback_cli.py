@@ -93,6 +93,12 @@ def register(sub) -> None:
                        help="the click memory's per-document term for a document only where a remembered query whose "
                             "users clicked it is at this cosine or more with the query (select: a cosine or none, "
                             f"chosen on validation clicks; off: never gated; default: {d.doc_related})")
+    learn.add_argument("--memory-guard", choices=["auto", "heldout", "crossfit"], default=d.memory_guard,
+                       help="the click memory's guard: judged on the held-out queries (heldout), or, split by query, "
+                            "on every query in turn with the memory made the same way from the other queries' "
+                            f"answers, pooled (crossfit: an interval about half as wide, the selection run "
+                            f"{int(round(1 / d.heldout))} times); auto: crossfit up to "
+                            f"{d.crossfit_max_answers:,} clicked answers, else heldout (default: {d.memory_guard})")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -154,7 +160,7 @@ def learn(args, settings) -> int:
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
                       support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate,
-                      noise=args.noise, doc_related=args.doc_related)
+                      noise=args.noise, doc_related=args.doc_related, memory_guard=args.memory_guard)
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:

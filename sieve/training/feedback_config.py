@@ -40,3 +40,10 @@ class LearnConfig:
     # the click memory's per-document term gated on who clicked each document (ClickMemory.doc_related): at a cosine,
     # "select" (a second selection pass tries memory_learn.DOC_RELATED_GRID's cosines and none), or never ("off")
     doc_related: str | float = "select"
+    # the click memory's guard: "heldout" (judged on the held-out share of the queries, the memory counted from the
+    # rest), "crossfit" (split by query: every share of that size judged in turn with the memory the same
+    # procedure makes from the other shares, all answers pooled; memory_learn.crossfit), or "auto": crossfit up to
+    # crossfit_max_answers clicked answers (where the held-out share is too few for a tight interval), else heldout
+    # (the selection would run five times over a log that large)
+    memory_guard: str = "auto"
+    crossfit_max_answers: int = 50_000

@@ -30,11 +30,13 @@ published.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from sieve.feedback.dataset import ClickLists, Entry, build, click_weight
 from sieve.feedback.memory import ClickMemory, Shown, Tallies, tally
@@ -51,8 +53,10 @@ NEAR_K_GRID = (1, 8)  # how many of the nearest remembered queries the term aver
 DOC_RELATED_GRID = (0.2, 0.3, 0.4)
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def bucket(key: str) -> float:
-    """A query key's place in [0, 1): the same in every run, whatever other queries the logs hold."""
+    """A query key's place in [0, 1): the same in every run, whatever other queries the logs hold (kept: the folds
+    ask for every answer's query several times)."""
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
@@ -87,6 +91,14 @@ class Scored:
     ids: list[list[str | None]]
     served: np.ndarray | None = None  # (Q, K) what is served now; None = base (no memory served)
     shown: np.ndarray | None = None  # (Q, K) the candidates the estimate ranks (support "shown"); None = all
+    _sims: tuple | None = field(default=None, repr=False)  # (remembered vectors, each list's similarities with them)
+
+    def similarities(self, memory: ClickMemory) -> list[np.ndarray | None]:
+        """memory.similarities() of each list's query vector, kept for the next memory with the same remembered
+        vectors (select() judges tens of memories counted from one fold's answers)."""
+        if self._sims is None or self._sims[0] is not memory.near_vectors:
+            self._sims = (memory.near_vectors, [memory.similarities(v) for v in self.lists.query_vectors])
+        return self._sims[1]
 
     def judged(self, scores: np.ndarray) -> np.ndarray:
         """`scores` as the click estimate ranks them: with a support, a candidate no logged answer of its query
@@ -96,10 +108,11 @@ class Scored:
     def terms(self, memory: ClickMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(f(query, doc), f(nearest other query, doc), f(doc)) per candidate, 0 without evidence."""
         fq, fn, fd = np.zeros(self.base.shape), np.zeros(self.base.shape), np.zeros(self.base.shape)
+        every = self.similarities(memory) if memory.w_near or memory.doc_gate is not None \
+            or memory.doc_related is not None else None
         for i, (key, ids) in enumerate(zip(self.lists.keys, self.ids)):
             pair = memory.pairs.get(key, {})
-            sims = memory.similarities(self.lists.query_vectors[i]) if memory.w_near or memory.doc_gate is not None \
-                or memory.doc_related is not None else None
+            sims = None if every is None else every[i]
             near = memory.nearest(key, self.lists.query_vectors[i], sims)
             docs = memory.docs if memory.knows(key, sims) else {}
             for j, doc in enumerate(ids):
@@ -113,8 +126,7 @@ class Scored:
         """(Q, K) per candidate the cosine of its list's query with the closest remembered query that clicked it
         (ClickMemory.closest_clicker), -inf where none did or the list has no vector."""
         out = np.full(self.base.shape, -np.inf)
-        for i, ids in enumerate(self.ids):
-            sims = memory.similarities(self.lists.query_vectors[i])
+        for i, (ids, sims) in enumerate(zip(self.ids, self.similarities(memory))):
             if sims is not None:
                 out[i, :len(ids)] = memory.closest_clicker([doc or "" for doc in ids], sims)
         return out
@@ -190,12 +202,16 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     served = sum(float(s.dcg().sum()) for s in judged) / answers
     none = sum(float(s.none().sum()) for s in judged) / answers
     bases = [s.judged(s.base) for s in judged]  # -inf where not ranked: the memory's terms leave it there
+    targets = [GridTargets(s.lists.targets, base) for s, base in zip(judged, bases)]
     best, best_value, results = {"w_query": 0.0, "w_doc": 0.0, "w_near": 0.0, "pseudo": PSEUDO_GRID[0],
                                  "near_min": NEAR_GRID[-1], "near_k": NEAR_K_GRID[0], "doc_gate": None,
                                  "doc_related": None}, none, []
     tallies = [tally(counted, props) for counted, _ in folds]
     counted = {m: [ClickMemory.build(t, 1.0, 1.0, m, w_near=1.0, vectors=vectors, doc_related=fixed) for t in tallies]
                for m in PSEUDO_GRID}
+    for m in PSEUDO_GRID[1:]:  # one fold's remembered queries whatever m: one matrix, so Scored keeps its cosines
+        counted[m] = [replace(memory, near_vectors=first.near_vectors) if memory.near_keys == first.near_keys
+                      else memory for memory, first in zip(counted[m], counted[PSEUDO_GRID[0]])]
     gates = [s.known(memory, doc_gate) for memory, s in zip(counted[PSEUDO_GRID[0]], judged)] \
         if doc_gate is not None else []  # the same remembered queries whatever m
     doc_terms: dict[float, list[np.ndarray]] = {}
@@ -206,23 +222,51 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
         if doc_gate is not None:  # the per-document term only for the lists whose query the memory knows
             terms = [(fq, fn, fd * gate) for (fq, fn, fd), gate in zip(terms, gates)]
         doc_terms.setdefault(m, [fd for _, _, fd in terms])  # f(doc) depends on m only (and the fixed gate)
-        for a, c, b in itertools.product(W_GRID, W_GRID, W_GRID):
-            if not (a or b or c) or (a and not known) or \
-                    (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
+        gathered = [(t.gather(fq), t.gather(fn), t.gather(fd)) for t, (fq, fn, fd) in zip(targets, terms)]
+        for a, c in itertools.product(W_GRID, W_GRID):
+            if (a and not known) or (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue  # the same ranking as a configuration the grid scores anyway
-            value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd), s.lists).sum())
-                        for s, base, (fq, fn, fd) in zip(judged, bases, terms)) / answers
-            choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m, "near_min": near_min,
-                      "near_k": near_k, "doc_gate": doc_gate if b else None, "doc_related": fixed if b else None}
-            results.append({**choice, "validation_ips_dcg": round(value, 5)})
-            if value > best_value + 1e-12:
-                best, best_value = choice, value
+            partial = [a * fq + c * fn for fq, fn, _ in gathered]  # (a fq + c fn) + b fd, as written in full
+            for b in W_GRID:
+                if not (a or b or c):
+                    continue  # no memory
+                value = sum(t.total(t.base + unit * (part + b * fd))
+                            for t, part, (_, _, fd) in zip(targets, partial, gathered)) / answers
+                choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m,
+                          "near_min": near_min, "near_k": near_k, "doc_gate": doc_gate if b else None,
+                          "doc_related": fixed if b else None}
+                results.append({**choice, "validation_ips_dcg": round(value, 5)})
+                if value > best_value + 1e-12:
+                    best, best_value = choice, value
     if doc_related == "select":
         best, best_value = doc_pass(best, best_value, judged, bases, counted, doc_terms[best["pseudo"]], unit,
                                     answers, doc_gate, results)
     return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
                    "folds": len(folds), "validation_answers": answers}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
+
+
+class GridTargets:
+    """One judged fold's click targets for select()'s weight grid, gathered once: each target's list row (a list
+    appears once per target it has) of the scores and terms, so a weight combination costs arithmetic on those rows
+    and the targets' ranks (ips_dcg's, summed over the fold) rather than a pass over every list and a new gather
+    (the grid makes tens of thousands)."""
+
+    def __init__(self, targets: np.ndarray, base: np.ndarray):
+        self.rows, self.cols = np.nonzero(targets)
+        self.weights = targets[self.rows, self.cols]
+        self.at = np.arange(len(self.rows))
+        self.before = np.arange(base.shape[1]) < self.cols[:, None]  # (n, K) earlier in the list: ranked first on a tie
+        self.base = base[self.rows]
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        return values[self.rows]
+
+    def total(self, scores: np.ndarray) -> float:
+        """The fold's summed IPS-DCG (ips_dcg) of gathered `scores` ((n, K))."""
+        mine = scores[self.at, self.cols][:, None]
+        rank = np.count_nonzero(scores > mine, axis=1) + np.count_nonzero((scores == mine) & self.before, axis=1)
+        return float((self.weights / np.log2(2.0 + rank)).sum())
 
 
 def doc_pass(best: dict, best_value: float, judged: list[Scored], bases: list[np.ndarray], counted: dict,
@@ -252,7 +296,18 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     answers the served memory ranked itself, must clearly beat the ranking without any memory and must not be below
     the served memory (difference >= 0): the estimate favours the served memory (what it promoted was shown high and
     clicked; what it demoted was seldom shown), so requiring it to be clearly beaten would stop the memory improving
-    once one is served (RESULTS.md, the head-query runs)."""
+    once one is served (RESULTS.md, the head-query runs). With the cross-fitted guard the intervals are over every
+    fold's answers, and the memory published must also not be below the served ranking (nor, for an update, the
+    ranking without a memory) on its own held-out answers (fold 0): the pooled folds judge the procedure, this judges
+    the memory."""
+    own = guard.get("published_fold")  # the cross-fitted guard: the published memory on its own held-out answers
+    if own is not None:
+        below = "served" if own["delta"] is None or own["delta"] < 0 else \
+            "without a click memory" if own.get("vs_no_memory", 0.0) < 0 else None
+        if below:
+            return (f"below the ranking {below} on its own held-out answers ({own['answers']}: IPS-DCG difference "
+                    f"{own['delta']}, against no memory {own.get('vs_no_memory')}), whatever the memories made the "
+                    f"same way from other queries gave on theirs (pooled {guard['delta']})")
     if "vs_no_memory" not in guard or guard["heldout_answers"] < cfg.min_heldout:
         return verdict(guard, 1, cfg)
     base = guard["vs_no_memory"]
@@ -340,40 +395,17 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     if sum(bool(a.clicked) for a in parts["fit"]) < 20 or not lists["validation"]:
         report["not_installed"] = "too little feedback"
         return None, report
-    vectors = {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp}
-    folds = selection_folds(cfg, parts, entries, held_from, val_from, lambda judged: scored(
-        judged, index, cfg.depth, served_scores, served_memory, exposure if cfg.support == "shown" else None))
-    unit = spread([s for _, s in folds])
-    counts, noise = tally(parts["fit"] + parts["validation"], props), None
-    if cfg.noise == "estimated":
-        noise = noise_of(counts)
-        report["noise"] = noise.as_dict() if noise else "too few examined (query, document) pairs to estimate"
-        if noise:
-            pool = parts["validation"] if cfg.split == "time" else parts["fit"] + parts["validation"]
-            credit = expected_noise(pool, None, props,
-                                    click_weight(props, clip, exposure if cfg.propensities == "policy" else {}))
-            for _, judged in folds:
-                without_noise(judged, credit, noise.noise)
-    chosen, grid = select(folds, props, unit, vectors, cfg.doc_gate, cfg.doc_related)
-    report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
-    memory = ClickMemory.build(counts, chosen["w_query"], chosen["w_doc"],
-                               chosen["pseudo"], {"answers": len(parts["fit"]) + len(parts["validation"]),
-                                                  "propensity": props.source},
-                               chosen["w_near"], chosen["near_min"], vectors, chosen["near_k"],
-                               chosen.get("doc_gate"), chosen.get("doc_related"))
-    held = scored(lists["heldout"], index, cfg.depth, served_scores, served_memory,
-                  exposure if cfg.guard_support == "shown" else None) if lists["heldout"] else None
-    if held is not None and noise:  # the guard's estimate corrected alike, each held-out answer its share
-        weight = click_weight(props, clip, exposure if cfg.guard_propensities == "policy" else {})
-        without_noise(held, expected_noise(parts["heldout"], None, props, weight), noise.noise, spread=True)
-    if held is None or not len(held.lists):
-        report["guard"] = {"heldout_answers": 0, "delta": None, "interval": None}
+    work = Fitting(cfg, props, index, served_scores, served_memory, clip, exposure,
+                   {imp["query_key"]: unpack(imp["vector"]) for imp in logs.impressions.values() if "vector" in imp})
+    if cross_fitted(cfg, len(entries)):
+        memory, guard = crossfit(work, answers, entries, guarded, report)
     else:
-        served_dcg, new_dcg = held.dcg(), held.dcg(memory)
-        report["guard"] = {**compare(new_dcg - served_dcg, cfg), "served_ips_dcg": round(float(served_dcg.mean()), 5)}
-        if served_memory is not None:  # an update: also judged against the ranking without any memory
-            report["guard"]["vs_no_memory"] = compare(new_dcg - held.none(), cfg)
-    if not (chosen["w_query"] or chosen["w_doc"] or chosen["w_near"]):
+        folds = selection_folds(cfg, parts, entries, held_from, val_from, work.score)
+        memory, noise = work.fit(parts["fit"] + parts["validation"], folds, parts["validation"], report)
+        diffs = work.judge(memory, noise, lists["heldout"], parts["heldout"])
+        guard = guard_report(diffs, cfg)
+    report["guard"] = {"kind": "crossfit" if "crossfit_folds" in guard else "heldout", **guard}
+    if not (memory.w_query or memory.w_doc or memory.w_near):
         refused = "no memory weight beat the ranking without a memory on the validation answers"
     else:
         refused = memory_verdict(report["guard"], cfg)
@@ -383,3 +415,150 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         return None, report
     memory.about["guard"] = report["guard"]
     return memory, report
+
+
+@dataclass
+class Fitting:
+    """What every memory of one `learn_memory` run is chosen, counted and judged with."""
+    cfg: object
+    props: object
+    index: object
+    served_scores: object
+    served_memory: ClickMemory | None
+    clip: float
+    exposure: dict
+    vectors: dict
+
+    def score(self, judged: list[Entry], support: str | None = None) -> Scored:
+        support = self.cfg.support if support is None else support
+        return scored(judged, self.index, self.cfg.depth, self.served_scores, self.served_memory,
+                      self.exposure if support == "shown" else None)
+
+    def fit(self, counted: list[Shown], folds: list[tuple[list[Shown], Scored]], pool: list[Shown],
+            report: dict | None = None) -> tuple[ClickMemory, Noise | None]:
+        """The memory counted from `counted` with the weights selected on `folds` (noise-corrected with the credit
+        over `pool` when the noise is estimated; split by query the pool is `counted`)."""
+        cfg = self.cfg
+        unit = spread([s for _, s in folds])
+        counts, noise = tally(counted, self.props), None
+        if cfg.noise == "estimated":
+            noise = noise_of(counts)
+            if report is not None:
+                report["noise"] = noise.as_dict() if noise else "too few examined (query, document) pairs to estimate"
+            if noise:
+                credit = expected_noise(pool if cfg.split == "time" else counted, None, self.props,
+                                        click_weight(self.props, self.clip,
+                                                     self.exposure if cfg.propensities == "policy" else {}))
+                for _, judged in folds:
+                    without_noise(judged, credit, noise.noise)
+        chosen, grid = select(folds, self.props, unit, self.vectors, cfg.doc_gate, cfg.doc_related)
+        if report is not None:
+            report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
+        memory = ClickMemory.build(counts, chosen["w_query"], chosen["w_doc"], chosen["pseudo"],
+                                   {"answers": len(counted), "propensity": self.props.source},
+                                   chosen["w_near"], chosen["near_min"], self.vectors, chosen["near_k"],
+                                   chosen.get("doc_gate"), chosen.get("doc_related"))
+        return memory, noise
+
+    def judge(self, memory: ClickMemory, noise: Noise | None, guarded: list[Entry], held: list[Shown]
+              ) -> dict[str, np.ndarray] | None:
+        """Per held-out clicked answer (`guarded`, of the answers `held`) the IPS-DCG difference of `memory` over the
+        ranking served now ("served") and, for an update, over the ranking without a memory ("none"); None without
+        held-out clicks. `noise`: the fit's, which the estimate is corrected for."""
+        if not guarded:
+            return None
+        out = self.score(guarded, self.cfg.guard_support)
+        if not len(out.lists):
+            return None
+        if noise:  # the guard's estimate corrected alike, each held-out answer its share
+            weight = click_weight(self.props, self.clip,
+                                  self.exposure if self.cfg.guard_propensities == "policy" else {})
+            without_noise(out, expected_noise(held, None, self.props, weight), noise.noise, spread=True)
+        new = out.dcg(memory)
+        diffs = {"served": new - out.dcg(), "served_ips_dcg": out.dcg()}
+        if self.served_memory is not None:
+            diffs["none"] = new - out.none()
+        return diffs
+
+
+def guard_report(diffs: dict[str, np.ndarray] | None, cfg) -> dict:
+    if diffs is None:
+        return {"heldout_answers": 0, "delta": None, "interval": None}
+    guard = {**compare(diffs["served"], cfg), "served_ips_dcg": round(float(diffs["served_ips_dcg"].mean()), 5)}
+    if "none" in diffs:  # an update: also judged against the ranking without any memory
+        guard["vs_no_memory"] = compare(diffs["none"], cfg)
+    return guard
+
+
+def cross_fitted(cfg, clicked: int) -> bool:
+    """Whether the guard is cross-fitted (`cfg.memory_guard`; split by query only): "auto" up to
+    cfg.crossfit_max_answers clicked answers."""
+    if cfg.split != "query":
+        return False
+    return cfg.memory_guard == "crossfit" or (cfg.memory_guard == "auto" and clicked <= cfg.crossfit_max_answers)
+
+
+def guard_folds(cfg) -> int:
+    """The cross-fitted guard's folds: shares of the queries the size of the default guard's held-out share."""
+    return max(int(round(1 / cfg.heldout)), 2)
+
+
+def guard_fold(key: str, cfg) -> int:
+    """A query's fold of the cross-fitted guard: fold 0 is the default guard's held-out share (cfg.heldout), the rest
+    of the queries cut into shares of that size (the last one takes what remains)."""
+    return min(int(bucket(key) / cfg.heldout), guard_folds(cfg) - 1)
+
+
+def inner_fold(key: str, g: int, cfg) -> int:
+    """A query's selection fold when guard fold `g` is judged: the other guard folds' queries cut into
+    cfg.memory_folds folds by their place in [0, 1) with g's share taken out; for g = 0 (the held-out share) the
+    folds of the held-out guard (fold_of), so that memory is the held-out guard's."""
+    lo, hi = g * cfg.heldout, (1.0 if g == guard_folds(cfg) - 1 else (g + 1) * cfg.heldout)
+    b = bucket(key)
+    u = (b if b < lo else b - (hi - lo)) / (1 - (hi - lo))
+    return min(max(int(u * cfg.memory_folds), 0), cfg.memory_folds - 1)
+
+
+def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded: list[Entry], report: dict
+             ) -> tuple[ClickMemory, dict]:
+    """The cross-fitted guard (`cfg.memory_guard` "crossfit", split by query): the queries are cut into folds the
+    size of the held-out share (guard_fold; fold 0 is that share), and each fold is judged as the held-out share is,
+    with the memory the same procedure (selection on inner folds of the other queries, counting) makes from the
+    other folds' answers; the guard's interval is over every fold's answers pooled, so all the clicked answers
+    judge instead of one share (an interval about half as wide: RESULTS.md, twenty-sixth session). The memory
+    published is fold 0's, the one the held-out guard would judge and publish: the guard judges the procedure that
+    made it, each time on queries it never saw. Selection runs once per fold instead of once."""
+    cfg = work.cfg
+    folds_n = guard_folds(cfg)
+
+    def procedure(g: int, into: dict | None) -> tuple[ClickMemory, Noise | None]:
+        rest = [a for a in answers if guard_fold(a.key, cfg) != g]
+        rest_entries = [e for e in entries if guard_fold(e.key, cfg) != g]
+        judged = [[] for _ in range(cfg.memory_folds)]
+        share = min(1.0, cfg.memory_select_answers / max(len(rest_entries), 1))
+        for e in rest_entries:
+            if bucket(e.key + "/select") < share:
+                judged[inner_fold(e.key, g, cfg)].append(e)
+        folds = [([a for a in rest if inner_fold(a.key, g, cfg) != j], work.score(judged[j]))
+                 for j in range(cfg.memory_folds) if judged[j]]
+        return work.fit(rest, folds, rest, into)
+
+    pooled: dict[str, list[np.ndarray]] = {}
+    per_fold = []
+    published = None
+    for g in tqdm(range(folds_n), desc="click memory, cross-fitted guard", unit="fold", leave=False):
+        memory, noise = procedure(g, report if g == 0 else None)
+        published = memory if g == 0 else published
+        diffs = work.judge(memory, noise, [e for e in guarded if guard_fold(e.key, cfg) == g],
+                           [a for a in answers if guard_fold(a.key, cfg) == g])
+        if diffs is None:
+            continue
+        per_fold.append({"fold": g, "answers": int(len(diffs["served"])),
+                         "delta": round(float(diffs["served"].mean()), 5)}
+                        | ({"vs_no_memory": round(float(diffs["none"].mean()), 5)} if "none" in diffs else {}))
+        for name, values in diffs.items():
+            pooled.setdefault(name, []).append(values)
+    guard = guard_report({k: np.concatenate(v) for k, v in pooled.items()} if pooled else None, cfg)
+    own = next((f for f in per_fold if f["fold"] == 0), {"fold": 0, "answers": 0, "delta": None})
+    guard.update({"crossfit_folds": per_fold, "published_fold": own})
+    return published, guard

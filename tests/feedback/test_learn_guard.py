@@ -4,6 +4,8 @@ feedback, with a negative counterfactual estimate; one trained on genuine clicks
 held-out feedback is refused whatever the estimate."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -188,6 +190,14 @@ def test_the_memory_update_rule():
     first = {k: v for k, v in level.items() if k != "vs_no_memory"}
     assert "not better than the served model" in memory_verdict(first, cfg)
     assert memory_verdict({**first, "interval": [0.001, 0.03]}, cfg) is None
+    # the cross-fitted guard: the published memory must also not be below on its own fold's answers
+    own = {"fold": 0, "answers": 90, "delta": 0.002, "vs_no_memory": 0.1}
+    assert memory_verdict({**level, "published_fold": own}, cfg) is None
+    assert "below the ranking served on its own" in memory_verdict({**level, "published_fold": {**own, "delta": -0.001}}, cfg)
+    assert "without a click memory on its own" in memory_verdict(
+        {**level, "published_fold": {**own, "vs_no_memory": -0.01}}, cfg)
+    assert "on its own" in memory_verdict({**first, "interval": [0.001, 0.03],
+                                           "published_fold": {"fold": 0, "answers": 0, "delta": None}}, cfg)
 
 
 def test_selection_folds_judge_each_query_with_a_memory_counted_without_it():
@@ -230,3 +240,122 @@ def test_selection_folds_judge_each_query_with_a_memory_counted_without_it():
     one = selection_folds(timed, {"fit": answers[:10], "validation": [], "heldout": []}, entries[:20], 0.0, 0.0,
                           lambda judged: judged)
     assert len(one) == 1 and one[0][0] == answers[:10]
+
+
+def test_the_crossfit_guard_folds_cover_every_query_once():
+    """The cross-fitted guard's folds: fold 0 is the default guard's held-out share, every query in exactly one fold,
+    each about the held-out share's size; judging fold g, the selection's inner folds cut the other queries evenly,
+    and for fold 0 they are the held-out guard's own (fold_of), so the memory published is the one it would judge."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.memory_learn import fold_of, guard_fold, guard_folds, inner_fold, side
+
+    cfg = LearnConfig(split="query", memory_guard="crossfit")
+    keys = [f"q{i}" for i in range(3000)]
+    folds = np.array([guard_fold(k, cfg) for k in keys])
+    assert guard_folds(cfg) == 5 and set(folds) == set(range(5))
+    assert all((f == 0) == (side(k, 0.0, None, None, cfg) == "heldout") for k, f in zip(keys, folds))
+    sizes = np.bincount(folds)
+    assert sizes.min() > 0.15 * len(keys) and sizes.max() < 0.25 * len(keys)
+    for g in range(5):
+        inner = np.array([inner_fold(k, g, cfg) for k in keys])[folds != g]
+        counts = np.bincount(inner, minlength=cfg.memory_folds)
+        assert counts.min() > 0.7 * counts.mean()  # about even
+    assert all(inner_fold(k, 0, cfg) == fold_of(k, cfg) for k in np.array(keys)[folds != 0])
+
+
+def test_the_automatic_guard_is_cross_fitted_on_logs_up_to_its_size():
+    """memory_guard "auto" (the default): cross-fitted up to crossfit_max_answers clicked answers, held out above
+    (where one share has answers enough and five selections would cost minutes); never split by time."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.memory_learn import cross_fitted
+
+    auto = LearnConfig()
+    assert auto.memory_guard == "auto" and auto.split == "query"
+    assert cross_fitted(auto, auto.crossfit_max_answers) and not cross_fitted(auto, auto.crossfit_max_answers + 1)
+    assert cross_fitted(LearnConfig(memory_guard="crossfit"), 10 ** 7)
+    assert not cross_fitted(LearnConfig(memory_guard="heldout"), 10)
+    assert not cross_fitted(LearnConfig(split="time"), 10)
+
+
+def variant_logs(docs, queries, index, sessions: int, seed: int, adversarial=lambda key: False):
+    """Answers to two phrasings of each title query (two query keys, one vector: the near term carries one's clicks
+    to the other, whichever fold each is in); the users want the document the bi-encoder ranks third and click it
+    when examined ((1/rank)^1); those of a query key `adversarial` says click the lowest shown document that is not
+    it, every time."""
+    from sieve.feedback.dataset import Logs
+    from sieve.feedback.memory import ClickMemory
+    from sieve.feedback.records import pack
+
+    rng = np.random.default_rng(seed)
+    vectors = index.embeddings(np.arange(index.size))
+    ids = index.ids(np.arange(index.size))
+    impressions, events = {}, []
+    for s in range(sessions):
+        i, variant = s % len(docs), (s // len(docs)) % 2
+        be = vectors @ queries[i]
+        order = np.argsort(-be)[:30]
+        shown = [ids[j] for j in order[:SHOWN]]
+        wanted = shown[2]
+        rid = f"r{s}"
+        key = ClickMemory.key_of(docs[i].title + (" (reworded)" if variant else ""))
+        impressions[rid] = {"request_id": rid, "t": float(s), "endpoint": "/search", "swap": None,
+                            "query_key": key, "shown": shown, "candidates": [ids[j] for j in order],
+                            "vector": pack(queries[i]), "be": pack(be[order]), "bm25": pack(np.zeros(len(order)))}
+        if adversarial(key):
+            events.append({"request_id": rid, "doc_id": next(d for d in reversed(shown) if d != wanted),
+                           "type": "click"})
+        elif rng.random() < 1 / 3:
+            events.append({"request_id": rid, "doc_id": wanted, "type": "click"})
+    return Logs(impressions, events)
+
+
+def test_the_crossfit_guard_judges_every_clicked_answer(world):
+    """Split by query with the cross-fitted guard, every clicked answer is judged once, by a memory counted without
+    its query's answers (the verdict is memory_verdict's, as for the held-out guard: the adversarial tests above):
+    clicks on reworded queries are published (the near term carries them to the other phrasing), every fold's
+    answers pooled; the memory published is the one the held-out guard judges (the same weights), on an interval
+    that is narrower."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
+    logs = variant_logs(docs, queries, index, 1800, seed=4)
+    score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
+    memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
+    guard = report["guard"]
+    clicked = len(logs.entries(propensity.default(), 20.0)[0])
+    assert guard["kind"] == "crossfit"
+    assert guard["heldout_answers"] == clicked == sum(f["answers"] for f in guard["crossfit_folds"])
+    assert len(guard["crossfit_folds"]) == 5
+    assert memory is not None, report.get("not_installed")
+    assert guard["interval"][0] > 0 and memory.w_near > 0
+    held_memory, held_report = learn_memory(dataclasses.replace(cfg, memory_guard="heldout"), logs,
+                                            propensity.default(), index, score, None, 20.0)
+    assert held_report["guard"]["kind"] == "heldout"
+    assert held_report["chosen"] == report["chosen"] and held_memory.about["answers"] == memory.about["answers"]
+    assert held_report["guard"]["heldout_answers"] == guard["crossfit_folds"][0]["answers"]
+    width = lambda g: g["interval"][1] - g["interval"][0]  # noqa: E731
+    assert width(guard) < width(held_report["guard"])
+
+
+def test_the_crossfit_guard_refuses_a_memory_its_own_heldout_answers_judge_worse(world):
+    """The users of the held-out share's queries (guard fold 0) want the document ranked third, every other user
+    clicks the lowest shown one: the memory to publish (counted from the other folds) learned those clicks and is
+    refused on its own held-out answers, though the memories made the same way for the other folds agree with
+    theirs (the pooled estimate alone would publish it)."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import guard_fold, learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
+    logs = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
+    memory, report = learn_memory(cfg, logs, propensity.default(), index,
+                                  lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+    guard = report["guard"]
+    assert memory is None
+    assert report["chosen"]["w_near"] > 0 or report["chosen"]["w_doc"] > 0  # it learned them: not a trivial refusal
+    assert guard["published_fold"]["delta"] < 0 < guard["interval"][0]
+    assert "on its own held-out answers" in report["not_installed"]
