@@ -405,6 +405,9 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
         diffs = work.judge(memory, noise, lists["heldout"], parts["heldout"])
         guard = guard_report(diffs, cfg)
     report["guard"] = {"kind": "crossfit" if "crossfit_folds" in guard else "heldout", **guard}
+    if memory is None:  # cross-fitted, and the held-out share's memory had nothing to select on
+        report["not_installed"] = "too little feedback"
+        return None, report
     if not (memory.w_query or memory.w_doc or memory.w_near):
         refused = "no memory weight beat the ranking without a memory on the validation answers"
     else:
@@ -531,7 +534,8 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
     cfg = work.cfg
     folds_n = guard_folds(cfg)
 
-    def procedure(g: int, into: dict | None) -> tuple[ClickMemory, Noise | None]:
+    def procedure(g: int, into: dict | None) -> tuple[ClickMemory, Noise | None] | None:
+        """Fold g's memory (None: the other folds have no clicked answer to select on)."""
         rest = [a for a in answers if guard_fold(a.key, cfg) != g]
         rest_entries = [e for e in entries if guard_fold(e.key, cfg) != g]
         judged = [[] for _ in range(cfg.memory_folds)]
@@ -539,15 +543,20 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
         for e in rest_entries:
             if bucket(e.key + "/select") < share:
                 judged[inner_fold(e.key, g, cfg)].append(e)
+        if not any(judged):  # a few queries with many answers each, none drawn under the cap: one inner fold judges
+            judged[0] = [e for e in rest_entries if inner_fold(e.key, g, cfg) == 0]
         folds = [([a for a in rest if inner_fold(a.key, g, cfg) != j], work.score(judged[j]))
                  for j in range(cfg.memory_folds) if judged[j]]
-        return work.fit(rest, folds, rest, into)
+        return work.fit(rest, folds, rest, into) if folds else None
 
     pooled: dict[str, list[np.ndarray]] = {}
     per_fold = []
     published = None
     for g in tqdm(range(folds_n), desc="click memory, cross-fitted guard", unit="fold", leave=False):
-        memory, noise = procedure(g, report if g == 0 else None)
+        made = procedure(g, report if g == 0 else None)
+        if made is None:
+            continue
+        memory, noise = made
         published = memory if g == 0 else published
         diffs = work.judge(memory, noise, [e for e in guarded if guard_fold(e.key, cfg) == g],
                            [a for a in answers if guard_fold(a.key, cfg) == g])

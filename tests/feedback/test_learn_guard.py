@@ -340,6 +340,24 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
     assert width(guard) < width(held_report["guard"])
 
 
+def test_the_crossfit_guard_selects_on_one_inner_fold_when_the_cap_draws_no_query(world):
+    """With a selection cap that draws no query (memory_select_answers 0), each fold's memory is selected on one
+    inner fold of the other queries instead, and every clicked answer is still judged."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
+                      memory_select_answers=0)
+    logs = variant_logs(docs, queries, index, 900, seed=6)
+    _, report = learn_memory(cfg, logs, propensity.default(), index,
+                             lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+    assert report["guard"]["kind"] == "crossfit" and len(report["guard"]["crossfit_folds"]) == 5
+    assert report["guard"]["heldout_answers"] == len(logs.entries(propensity.default(), 20.0)[0])
+    assert report["grid"][0]["folds"] == 1
+
+
 def test_the_crossfit_guard_refuses_a_memory_its_own_heldout_answers_judge_worse(world):
     """The users of the held-out share's queries (guard fold 0) want the document ranked third, every other user
     clicks the lowest shown one: the memory to publish (counted from the other folds) learned those clicks and is
