@@ -171,9 +171,9 @@ def scored(entries: list[Entry], index, depth: int, served_scores, served_memory
 
 
 def fold_of(key: str, cfg) -> int:
-    """The selection fold of a query that is not held out (split by query): the same in every run."""
-    u = (bucket(key) - cfg.heldout) / (1 - cfg.heldout)
-    return min(max(int(u * cfg.memory_folds), 0), cfg.memory_folds - 1)
+    """The selection fold of a query that is not held out (split by query): the same in every run (the held-out
+    share's inner folds of the cross-fitted guard)."""
+    return inner_fold(key, 0, cfg)
 
 
 def spread(folds: list[Scored]) -> float:
@@ -334,17 +334,28 @@ def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
 
     if cfg.split != "query" or cfg.memory_folds < 2:
         return single()
-    rest = parts["fit"] + parts["validation"]
-    judged = [[] for _ in range(cfg.memory_folds)]
     candidates = [e for e in entries if side(e.key, e.t, held_from, val_from, cfg) != "heldout"]
-    share = min(1.0, cfg.memory_select_answers / max(len(candidates), 1))  # the cost of the grid grows with them
-    for e in candidates:
-        if bucket(e.key + "/select") < share:
-            judged[fold_of(e.key, cfg)].append(e)
+    judged = drawn(candidates, lambda key: fold_of(key, cfg), cfg)
     if not any(judged):  # a few queries with many answers each, none drawn under the cap: one fold, as split by time
         return single()
-    return [([a for a in rest if fold_of(a.key, cfg) != j], score(judged[j])) for j in range(cfg.memory_folds)
-            if judged[j]]
+    return query_folds(parts["fit"] + parts["validation"], judged, lambda key: fold_of(key, cfg), score)
+
+
+def drawn(candidates: list[Entry], fold, cfg) -> list[list[Entry]]:
+    """The clicked answers each selection fold (`fold(key)`) is judged on: up to `cfg.memory_select_answers` of
+    `candidates`, whole queries drawn by hash (the cost of the grid grows with them)."""
+    judged = [[] for _ in range(cfg.memory_folds)]
+    share = min(1.0, cfg.memory_select_answers / max(len(candidates), 1))
+    for e in candidates:
+        if bucket(e.key + "/select") < share:
+            judged[fold(e.key)].append(e)
+    return judged
+
+
+def query_folds(rest: list[Shown], judged: list[list[Entry]], fold, score) -> list[tuple[list[Shown], Scored]]:
+    """Per selection fold with answers to judge: the answers of `rest` in the other folds (what its memory counts)
+    and its judged answers, scored."""
+    return [([a for a in rest if fold(a.key) != j], score(answers)) for j, answers in enumerate(judged) if answers]
 
 
 def without_noise(judged: Scored, credit: dict[tuple[str, str], float], rate: float, spread: bool = False) -> None:
@@ -538,15 +549,11 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
         """Fold g's memory (None: the other folds have no clicked answer to select on)."""
         rest = [a for a in answers if guard_fold(a.key, cfg) != g]
         rest_entries = [e for e in entries if guard_fold(e.key, cfg) != g]
-        judged = [[] for _ in range(cfg.memory_folds)]
-        share = min(1.0, cfg.memory_select_answers / max(len(rest_entries), 1))
-        for e in rest_entries:
-            if bucket(e.key + "/select") < share:
-                judged[inner_fold(e.key, g, cfg)].append(e)
+        fold = functools.partial(inner_fold, g=g, cfg=cfg)
+        judged = drawn(rest_entries, fold, cfg)
         if not any(judged):  # a few queries with many answers each, none drawn under the cap: one inner fold judges
-            judged[0] = [e for e in rest_entries if inner_fold(e.key, g, cfg) == 0]
-        folds = [([a for a in rest if inner_fold(a.key, g, cfg) != j], work.score(judged[j]))
-                 for j in range(cfg.memory_folds) if judged[j]]
+            judged[0] = [e for e in rest_entries if fold(e.key) == 0]
+        folds = query_folds(rest, judged, fold, work.score)
         return work.fit(rest, folds, rest, into) if folds else None
 
     pooled: dict[str, list[np.ndarray]] = {}
