@@ -1,9 +1,10 @@
-"""benchmarks/feedback_memory_oracle.py's rank correlation (the figure RESULTS.md quotes): ties share their mean rank."""
+"""benchmarks/feedback_memory_oracle.py: its rank correlation (the figure RESULTS.md quotes; ties share their mean rank)
+and the selection rules it compares with the learner's."""
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.feedback_memory_oracle import spearman
+from benchmarks.feedback_memory_oracle import selection_rules, spearman
 
 
 def test_rank_correlation_with_ties():
@@ -14,3 +15,19 @@ def test_rank_correlation_with_ties():
     rx, ry = np.array([3, 1.5, 1.5, 4, 0]), np.arange(5.0)
     want = np.corrcoef(rx, ry)[0, 1]
     assert abs(spearman(x, [0, 1, 2, 3, 4]) - want) < 1e-12
+
+
+def test_selection_rules_each_pick_what_they_say():
+    def row(name, folds):
+        return {"name": name, "fold_estimates": folds, "click_estimate": float(np.mean(folds))}
+
+    rows = [row("lucky", [0.10, -0.05, -0.04, 0.00, 0.04]),  # the best mean (0.01), carried by one fold
+            row("steady", [0.006, 0.007, 0.006, 0.007, 0.006]),  # every fold positive, the best worst fold
+            row("median", [-0.09, -0.08, 0.009, 0.009, 0.009]),  # the best median fold, a poor mean
+            row("poor", [0.0, 0.0, 0.0, 0.0, 0.0])]
+    picked = {rule: r["name"] for rule, r in selection_rules(rows).items()}
+    assert picked["best_mean (the learner's rule)"] == "lucky"
+    assert picked["maximin_fold"] == "steady"
+    assert picked["median_fold"] == "median"
+    assert picked["mean_less_one_se"] == "steady"  # 0.0064 less a tiny spread beats 0.01 less a wide one
+    assert picked["mean_rank"] == "steady"  # mean rank over folds 1.0, lucky and median 1.4
