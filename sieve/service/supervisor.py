@@ -82,11 +82,28 @@ class WorkerServer(uvicorn.Server):
 class WorkerProcess(Process):
     """uvicorn's worker process, running a WorkerServer."""
 
+    def target(self, sockets=None) -> None:  # runs in the worker
+        thread_lock_for_progress_bars()
+        super().target(sockets)
+
     @property
     def server(self) -> uvicorn.Server:
         if self._server is None:
             self._server = WorkerServer(config=self.config)
         return self._server
+
+
+def thread_lock_for_progress_bars() -> None:
+    """tqdm's default lock holds a multiprocessing lock, a named semaphore that a spawned worker registers with the
+    supervisor's resource tracker and unlinks at a normal exit. uvicorn ends a worker that was sent SIGTERM by raising
+    the signal again once it has drained, which skips that exit, so every worker left its semaphore to the tracker,
+    and `sieve serve` ended with "resource_tracker: There appear to be N leaked semaphore objects". A worker's progress
+    bars (start-up only) need a thread lock, nothing across processes."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def answers(process: Process, timeout: float) -> bool:

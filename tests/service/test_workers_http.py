@@ -2,7 +2,8 @@
 subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a burst of new connections reaches both, a write
 through one worker is read through the other, a published click memory reaches both, /metrics adds up both, a
 SIGKILLed worker is replaced (on the CPU it had) without losing an acknowledged write, SIGHUP replaces both while
-every request is answered (each new worker pinned once the old one lets go of its CPU), and SIGTERM lets both finish what they have in flight.
+every request is answered (each new worker pinned once the old one lets go of its CPU), and SIGTERM lets both finish what they have in flight
+and leaves no semaphore behind.
 The tests share one server and run in file order; the SIGTERM test ends it."""
 from __future__ import annotations
 
@@ -344,6 +345,26 @@ def test_sighup_replaces_every_worker_one_by_one_and_every_request_is_answered(t
     assert len(set(placed.values())) == WORKERS and all(len(c) == 1 for c in placed.values()), placed
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (read from /proc)."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:  # gone meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # "pid (name) state ppid ..."
+            out.append(int(entry))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
     a, b = clients_on_two_workers(team)
     batches = {name: [{"id": f"drain-{name}-{i}", "text": f"a long note {i} " + "about tides and moons " * 12}
@@ -362,10 +383,17 @@ def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
     deadline, inflight = time.monotonic() + 60, 0.0
     while inflight < 2 and time.monotonic() < deadline:  # both writes are in, on their two workers
         inflight = metric(fresh_get(team, "/metrics").text, "sieve_inflight_requests")
+    trackers = [pid for pid in children(team.proc.pid) if "resource_tracker" in cmdline(pid)]
     team.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(timeout=300)
     assert team.proc.wait(timeout=300) == 0
+    deadline = time.monotonic() + 60  # multiprocessing's resource tracker reports what was left once it sees the end
+    while any(os.path.exists(f"/proc/{pid}") and "resource_tracker" in cmdline(pid) for pid in trackers) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    team.log.flush()
+    assert "leaked semaphore" not in team.log_path.read_text()  # each worker's progress-bar lock (supervisor.py)
     assert inflight >= 2, "the two writes were not both in flight at SIGTERM"
     assert {name: r.status_code for name, r in answers.items()} == {"a": 200, "b": 200}
     with SearchIndex.load(team.index) as index:
