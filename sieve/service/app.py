@@ -199,9 +199,11 @@ def create_app(settings: Settings | None = None,
     async def lifespan(app: FastAPI):
         pin_worker(settings.pin_workers, settings.workers or 1, workers.metrics_dir(),  # before any model thread starts
                    interpreter=settings.pin_interpreter)
-        watch = watch_interpreter()  # moves the interpreter off a CPU other processes keep busy
         app.state.components = loader(settings)
         start_services(app, settings, app.state.components)
+        # moves the interpreter off a CPU other processes keep busy; from the end of start-up, so that other workers
+        # loading their models at the same time (each a few seconds of every CPU) do not count as such
+        watch = watch_interpreter()
         pauses = heap.settle(app.state.metrics.gc_pause) if served_process else None
         yield  # one of several worker processes: ready once it listens (supervisor.WorkerServer, /readyz)
         app.state.updater.close()
