@@ -121,6 +121,9 @@ class CoreWatch:
         self._thread.start()
         return self
 
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -49,6 +49,7 @@ _held: dict[Path, object] = {}  # the locks this process holds (its worker slot,
 # move it to); the share is also where the forwards' thread teams run (forward_team)
 _interpreter: tuple[int, list[int], Path | None, list[int]] | None = None
 _watch = None  # the CoreWatch on the interpreter's CPU (watch_interpreter)
+_watch_lock = threading.Lock()  # the end of start-up and pin_later's thread may both start it
 
 
 def share(cpus: list[int], slot: int, count: int) -> set[int]:
@@ -186,18 +187,21 @@ def pin_later(count: int, folder: Path, interpreter: bool, claims: Path | None, 
 
 def watch_interpreter():
     """A CoreWatch (service/core_watch.py) on the interpreter's CPU, started, when pin_worker pinned it to one CPU of
-    several it may move to; else None."""
-    if _interpreter is None or len(_interpreter[3]) < 2:
-        return None
+    several it may move to; else None. One per process: a watch already running is returned."""
     global _watch
-    cpu, cpus, claims, room = _interpreter
-    whole = len(cpus) == 1  # a worker alone on its CPU: every thread goes where the interpreter goes
-    if claims is None:
-        _watch = CoreWatch(cpu, room, whole=whole)
-    else:
-        _watch = CoreWatch(cpu, room, claim=lambda c: hold(cpu_lock(claims, c)),
-                           release=lambda c: release(cpu_lock(claims, c)), whole=whole)
-    return _watch.start()
+    with _watch_lock:
+        if _interpreter is None or len(_interpreter[3]) < 2:
+            return None
+        if _watch is not None and _watch.running():
+            return _watch
+        cpu, cpus, claims, room = _interpreter
+        whole = len(cpus) == 1  # a worker alone on its CPU: every thread goes where the interpreter goes
+        if claims is None:
+            _watch = CoreWatch(cpu, room, whole=whole)
+        else:
+            _watch = CoreWatch(cpu, room, claim=lambda c: hold(cpu_lock(claims, c)),
+                               release=lambda c: release(cpu_lock(claims, c)), whole=whole)
+        return _watch.start()
 
 
 def interpreter_status() -> dict | None:

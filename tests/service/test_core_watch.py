@@ -313,3 +313,23 @@ def test_a_worker_that_found_every_slot_held_is_pinned_once_one_frees(tmp_path):
         pinning.release(slots[1])
     assert got["status"] is not None and got["status"]["cpu"] == allowed[1] and got["status"]["share"] == [allowed[1]]
     assert got["main"] == got["native"] == [allowed[1]], got
+
+
+def test_one_watch_per_process_and_a_stopped_one_is_replaced(monkeypatch):
+    """The end of start-up and a late pinning (pinning.pin_later) may both ask for the watch: one runs."""
+    from sieve.service import pinning
+
+    monkeypatch.setattr(pinning, "_interpreter", (0, [0], None, [0, 1]))  # alone on CPU 0, may move to 1
+    monkeypatch.setattr(pinning, "_watch", None)
+    monkeypatch.setattr(core_watch, "PATIENCE", (10_000, 10_000))  # it never acts during the test
+    first = pinning.watch_interpreter()
+    try:
+        assert first.running() and pinning.watch_interpreter() is first
+    finally:
+        first.stop()
+    assert not first.running()
+    second = pinning.watch_interpreter()
+    try:
+        assert second is not first and second.running()
+    finally:
+        second.stop()
