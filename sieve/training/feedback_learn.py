@@ -79,11 +79,19 @@ def ips_dcg(scores: np.ndarray, lists: ClickLists) -> np.ndarray:
     out = np.zeros(len(scores))
     if not len(rows):
         return out
-    s = scores[rows]  # (n, K): one row per target
-    mine = s[np.arange(len(rows)), cols][:, None]
-    rank = (s > mine).sum(axis=1) + ((s == mine) & (np.arange(s.shape[1]) < cols[:, None])).sum(axis=1)
+    rank = target_ranks(scores[rows], cols)  # scores[rows]: (n, K), one row per target
     np.add.at(out, rows, lists.targets[rows, cols] / np.log2(2.0 + rank))
     return out
+
+
+def target_ranks(s: np.ndarray, cols: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+    """Per row of `s` ((n, K) scores), the 0-based rank of column `cols[i]` under a stable sort by descending score:
+    the candidates scored higher, and equal ones earlier in the list (`before`: (n, K) True left of each target
+    column, computed here when not given)."""
+    mine = s[np.arange(len(cols)), cols][:, None]
+    if before is None:
+        before = np.arange(s.shape[1]) < cols[:, None]
+    return np.count_nonzero(s > mine, axis=1) + np.count_nonzero((s == mine) & before, axis=1)
 
 
 def loss_of(model: CMC, lists: ClickLists, picks, vectors: Vectors, teacher: CMC | None, weight: float):

@@ -42,7 +42,7 @@ from sieve.feedback.dataset import ClickLists, Entry, build, click_weight
 from sieve.feedback.memory import ClickMemory, Shown, Tallies, tally
 from sieve.feedback.noise import Noise, estimate, expected_noise
 from sieve.feedback.records import unpack
-from sieve.training.feedback_learn import compare, ips_dcg, verdict
+from sieve.training.feedback_learn import compare, ips_dcg, target_ranks, verdict
 
 W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
 PSEUDO_GRID = (2.0, 10.0, 50.0, 200.0, 1000.0)
@@ -255,7 +255,6 @@ class GridTargets:
     def __init__(self, targets: np.ndarray, base: np.ndarray):
         self.rows, self.cols = np.nonzero(targets)
         self.weights = targets[self.rows, self.cols]
-        self.at = np.arange(len(self.rows))
         self.before = np.arange(base.shape[1]) < self.cols[:, None]  # (n, K) earlier in the list: ranked first on a tie
         self.base = base[self.rows]
 
@@ -264,8 +263,7 @@ class GridTargets:
 
     def total(self, scores: np.ndarray) -> float:
         """The fold's summed IPS-DCG (ips_dcg) of gathered `scores` ((n, K))."""
-        mine = scores[self.at, self.cols][:, None]
-        rank = np.count_nonzero(scores > mine, axis=1) + np.count_nonzero((scores == mine) & self.before, axis=1)
+        rank = target_ranks(scores, self.cols, self.before)
         return float((self.weights / np.log2(2.0 + rank)).sum())
 
 
@@ -488,8 +486,8 @@ class Fitting:
             weight = click_weight(self.props, self.clip,
                                   self.exposure if self.cfg.guard_propensities == "policy" else {})
             without_noise(out, expected_noise(held, None, self.props, weight), noise.noise, spread=True)
-        new = out.dcg(memory)
-        diffs = {"served": new - out.dcg(), "served_ips_dcg": out.dcg()}
+        new, served = out.dcg(memory), out.dcg()
+        diffs = {"served": new - served, "served_ips_dcg": served}
         if self.served_memory is not None:
             diffs["none"] = new - out.none()
         return diffs

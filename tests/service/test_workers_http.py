@@ -389,7 +389,7 @@ def test_sigterm_lets_every_worker_finish_its_writes_then_exits(team):
         t.join(timeout=300)
     assert team.proc.wait(timeout=300) == 0
     deadline = time.monotonic() + 60  # multiprocessing's resource tracker reports what was left once it sees the end
-    while any(os.path.exists(f"/proc/{pid}") and "resource_tracker" in cmdline(pid) for pid in trackers) \
+    while any(workers.alive(pid) and "resource_tracker" in cmdline(pid) for pid in trackers) \
             and time.monotonic() < deadline:
         time.sleep(0.1)
     team.log.flush()
