@@ -3,11 +3,12 @@
 A flat segment's vectors are copied once to the device when the segment is opened, and a search is one matmul and
 one top-k there: fp16 on CUDA (half the memory and the tensor cores; scores within ~1e-3 of fp32 for unit vectors,
 so two hits that close may swap), fp32 on the CPU (what the tests compare against FAISS's exact search). On an
-Intel, AMD Zen 3 or Zen 5 CPU (the kinds the server puts here: service/runtime.py `torch_product_pays`) a segment's float32
-memory map is used as it is (a tensor over the same pages: no copy, no extra memory), and a batch of 2 or more
-queries is searched with torch's matrix product and top-k, which costs 0.5-0.8x the CPU per query of FAISS's exact
-search there; one query alone goes to FAISS's own kernel (torch: 1.0-1.1x) (segments.py; benchmarks/dense_batch.py
-on SciFact's 5,183 x 384 vectors, RESULTS.md "Issue 32, eleventh session" and "sixteenth session").
+Intel CPU or an AMD Zen 3 or later (the kinds the server puts here: service/runtime.py `torch_product_pays`) a
+segment's float32 memory map is used as it is (a tensor over the same pages: no copy, no extra memory), and a batch of
+2 or more queries is searched with torch's matrix product and top-k, which costs 0.5-0.8x the CPU per query of FAISS's
+exact search on Intel, Zen 3 and Zen 5 (on Zen 4 the product alone costs more, but the whole /search less); one query
+alone goes to FAISS's own kernel (torch: 1.0-1.1x) (segments.py; benchmarks/dense_batch.py on SciFact's 5,183 x 384
+vectors, RESULTS.md "Issue 32, eleventh session", "sixteenth session" and "twenty-eighth session").
 
 torch is imported here only when a segment is put on a device: `sieve.index` stays importable without it.
 """

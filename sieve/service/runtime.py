@@ -3,7 +3,7 @@ and deadline options, and opening the live index version with the same checks at
 from __future__ import annotations
 
 from sieve.index import SearchIndex
-from sieve.models.precision import cpu_field, cpu_flags
+from sieve.models.precision import cpu_field
 from sieve.pipeline.batching import BatchConfig
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.service.config import Settings
@@ -19,34 +19,35 @@ def searcher_options(settings: Settings) -> dict:
             "stage_budgets_ms": settings.stage_budgets_ms, "hybrid": hybrid}
 
 
-def flat_device(settings: Settings, device, vendor: str | None = None, family: int | None = None,
-                avx512: bool | None = None) -> str | None:
+def flat_device(settings: Settings, device, vendor: str | None = None, family: int | None = None) -> str | None:
     """Where flat segments are searched (index/device_flat.py): on the GPU of a CUDA server; with torch over the
     memory-mapped vectors on a CPU where torch's product pays (torch_product_pays); None (FAISS's exact search) on
-    any other CPU and with SIEVE_FLAT_SEARCH_ON_DEVICE=false. `vendor`, `family`, `avx512`: the CPU's vendor id,
-    family and whether it has AVX-512 (/proc/cpuinfo's when None)."""
+    any other CPU and with SIEVE_FLAT_SEARCH_ON_DEVICE=false. `vendor`, `family`: the CPU's vendor id and family
+    (/proc/cpuinfo's when None)."""
     if not settings.flat_search_on_device:
         return None
     if device.type == "cuda":
         return str(device)
     vendor = vendor if vendor is not None else cpu_field("vendor_id")
     family = family if family is not None else cpu_family()
-    avx512 = avx512 if avx512 is not None else "avx512f" in cpu_flags()
-    return "cpu" if torch_product_pays(vendor, family, avx512) else None
+    return "cpu" if torch_product_pays(vendor, family) else None
 
 
-def torch_product_pays(vendor: str, family: int, avx512: bool) -> bool:
+def torch_product_pays(vendor: str, family: int) -> bool:
     """Whether torch's matrix product (MKL's) over the memory-mapped vectors costs less CPU per query than FAISS's
     exact search on this CPU kind, as measured (benchmarks/dense_batch.py, SciFact's 5,183 x 384, top 512, batches
     of 2-32): on Intel Xeon hosts 0.49-0.72x (eleventh session); on AMD EPYC Zen 5 (family 26) 0.67-0.80x
     (`dense_batch_zen5.json`, sixteenth session); on AMD EPYC Zen 3 (family 25 without AVX-512) 0.73-0.97x
     (`dense_batch_zen3.json`, seventeenth session), and a served zero-cost /search 0.93x the server CPU of FAISS's
     (`overhead_zen3_s17_torch.json`); on AMD Zen 4 (family 25 with AVX-512, where FAISS runs its AVX-512 kernels)
-    1.25-1.4x in a loaded server's vector search (twelfth session), so Zen 4 keeps FAISS, as does any AMD before
-    family 25 (not measured) and any other vendor (RESULTS.md, issue 32)."""
+    the product alone cost 1.25-1.4x in a loaded server's vector search (twelfth session), but a whole served
+    zero-cost /search, where the first stage reads its candidates' inner products from the product's scores instead
+    of gathering their vectors (fifteenth session), 0.93x the server CPU of FAISS's (`overhead_zen4_s28_torch.json`,
+    twenty-eighth session). Any AMD before family 25 (not measured) and any other vendor keep FAISS (RESULTS.md,
+    issue 32)."""
     if vendor == "GenuineIntel":
         return True
-    return vendor == "AuthenticAMD" and (family >= 26 or (family == 25 and not avx512))
+    return vendor == "AuthenticAMD" and family >= 25
 
 
 def cpu_family() -> int:
