@@ -14,10 +14,11 @@ return, up to the kernel: FAISS's two kernels (and torch's) order equal scores a
 bits (up to 3e-6 seen), so two candidates whose scores are that close may trade places
 (tests/pipeline/test_dense_batch.py).
 
-On an Intel, AMD Zen 3 or Zen 5 CPU server a batch of 2 or more goes to torch's matrix product and top-k over the segment's
-memory map (index/device_flat.py, SIEVE_FLAT_SEARCH_ON_DEVICE; other CPUs keep FAISS, cheaper there:
-service/runtime.py): 0.52-0.75x FAISS's CPU per query for batches of 2-32 on the Intel Xeon host of the eleventh
-session, 0.67-0.80x on the AMD Zen 5 host of the sixteenth, 0.73-0.97x on the AMD Zen 3 host of the seventeenth; one query alone
+On an Intel or AMD Zen 3 or later CPU server a batch of 2 or more goes to torch's matrix product and top-k over the
+segment's memory map (index/device_flat.py, SIEVE_FLAT_SEARCH_ON_DEVICE; other CPUs keep FAISS: service/runtime.py):
+0.52-0.75x FAISS's CPU per query for batches of 2-32 on the Intel Xeon host of the eleventh session, 0.67-0.80x on the
+AMD Zen 5 host of the sixteenth, 0.73-0.97x on the AMD Zen 3 host of the seventeenth; on Zen 4 more than FAISS's
+AVX-512 kernel, but a whole /search 0.87-0.93x (the twenty-eighth: the candidates' scores read from it); one query alone
 stays with FAISS's per-query kernel (torch 1.1x it). The settings below then apply to a lone query, to other CPUs and
 to servers that turned that off.
 
