@@ -159,8 +159,9 @@ class SearchIndex:
     def search_scored(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """search(), and every row's score ((B, size) float32) where the search computed them all anyway: one flat
         segment, nothing deleted, at most SCORED_MAX_ROWS rows, 2 or more queries searched on the CPU by torch's
-        matrix product (index/device_flat.py; Intel and AMD Zen 3 and later CPUs, service/runtime.py). Else None, with search()'s top k.
-        The first stage then reads its candidates' inner products there instead of their vectors."""
+        matrix product (index/device_flat.py; Intel and AMD Zen 3 and later CPUs, service/runtime.py). Else None,
+        with search()'s top k. The first stage then reads its candidates' inner products there instead of their
+        vectors."""
         q, k = self._checked_queries(queries, k)
         flat = self._p.segments[0].device_flat if len(self._p.segments) == 1 else None
         if flat is None or flat.device != "cpu" or len(q) < 2 or self._p.live_to_phys is not None \
