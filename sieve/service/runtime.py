@@ -43,8 +43,8 @@ def torch_product_pays(vendor: str, family: int) -> bool:
     the product alone cost 1.25-1.4x in a loaded server's vector search (twelfth session), but a whole served
     zero-cost /search, where the first stage reads its candidates' inner products from the product's scores instead
     of gathering their vectors (fifteenth session), 0.93x and 0.87x the server CPU of FAISS's in two interleaved runs
-    (`overhead_zen4_s28_torch_first.json`, `overhead_zen4_s28_torch.json`, twenty-eighth session). Any AMD before family 25 (not measured) and any other vendor keep FAISS (RESULTS.md,
-    issue 32)."""
+    (`overhead_zen4_s28_torch_first.json`, `overhead_zen4_s28_torch.json`, twenty-eighth session). Any AMD before
+    family 25 (not measured) and any other vendor keep FAISS (RESULTS.md, issue 32)."""
     if vendor == "GenuineIntel":
         return True
     return vendor == "AuthenticAMD" and family >= 25
