@@ -357,7 +357,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "single server pins its interpreter)")
     parser.add_argument("--no-watch", action="store_true", help="zero_cost: also 1 worker pinned as the default "
                         "pins it, but without the watch that moves it off a busy CPU (with --hog-cpu 0)")
-    parser.add_argument("--faiss-flat", action="store_true", help="zero_cost: also 1 worker with "
+    parser.add_argument("--faiss-flat", action="store_true", help="zero_cost: also 1 and 2 workers with "
                         "SIEVE_FLAT_SEARCH_ON_DEVICE=false (FAISS's exact search on a CPU that would use torch's)")
     parser.add_argument("--unpinned", action="store_true", help="zero_cost: also 1 and 2 workers with "
                         "SIEVE_PIN_INTERPRETER=false (the default before it was automatic), and 2 with it true")
@@ -395,7 +395,8 @@ def sides_of(section_name: str, args) -> list[Side]:
         unpinned = [Side("this-1w-unpinned", REPO, 1, True, off), Side("this-2w-unpinned", REPO, 2, True, off),
                     Side("this-2w-interp", REPO, 2, True, interp)] if args.unpinned else []
         watchless = [Side("this-1w-nowatch", REPO, 1, True, {"SIEVE_BENCH_NO_WATCH": "1"})] if args.no_watch else []
-        faiss_flat = [Side("this-1w-faiss", REPO, 1, True, {"SIEVE_FLAT_SEARCH_ON_DEVICE": "false"})] \
+        faiss = {"SIEVE_FLAT_SEARCH_ON_DEVICE": "false"}
+        faiss_flat = [Side("this-1w-faiss", REPO, 1, True, faiss), Side("this-2w-faiss", REPO, 2, True, faiss)] \
             if args.faiss_flat else []
         shared = {"SIEVE_REUSE_PORT": "false"}
         one_socket = [Side("this-2w-shared", REPO, 2, True, shared),
