@@ -117,7 +117,7 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--clip", type=float, default=None, help="largest inverse-propensity weight (default: the learner's)")
     ap.add_argument("--support", choices=("shown", "all"), default=None,
                     help="the candidates the selection's estimate ranks (default: the learner's)")
-    ap.add_argument("--guard-support", choices=("shown", "all"), default=None,
+    ap.add_argument("--guard-support", choices=("both", "shown", "all"), default=None,
                     help="the candidates the guard's estimate ranks (default: the learner's)")
     ap.add_argument("--memory-guard", choices=("auto", "heldout", "crossfit"), default=None,
                     help="`sieve feedback learn --memory-guard` (default: the learner's)")

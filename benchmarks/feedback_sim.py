@@ -259,7 +259,7 @@ def main() -> None:
     ap.add_argument("--clip", type=float, default=None, help="`sieve feedback learn --clip` (default: the command's)")
     ap.add_argument("--support", choices=["shown", "all"], default=None,
                     help="`sieve feedback learn --support` (default: the command's)")
-    ap.add_argument("--guard-support", choices=["shown", "all"], default=None,
+    ap.add_argument("--guard-support", choices=["both", "shown", "all"], default=None,
                     help="`sieve feedback learn --guard-support` (default: the command's)")
     ap.add_argument("--noise", choices=["estimated", "off"], default=None,
                     help="`sieve feedback learn --noise` (default: the command's)")

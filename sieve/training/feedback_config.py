@@ -28,9 +28,11 @@ class LearnConfig:
     propensities: str = "policy"
     guard_propensities: str = "position"  # the click weights of the held-out guard's estimate
     # the candidates the click memory's estimates rank: "all", or "shown" (those some logged answer of the list's query
-    # showed: a document no answer showed has no click to count for or against it); selection and guard apart
+    # showed: a document no answer showed has no click to count for or against it); selection and guard apart; the
+    # guard's "both": judged on "shown", and refused too where the estimate over "all" is below the served ranking on
+    # average (memory_learn.charged_below; RESULTS.md, twenty-ninth session)
     support: str = "all"
-    guard_support: str = "all"
+    guard_support: str = "both"
     # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a
     # remembered query at this cosine or more (ClickMemory.doc_gate); None: for every query
     doc_gate: float | None = None

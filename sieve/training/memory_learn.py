@@ -14,19 +14,21 @@ answer's candidates only among those some logged answer of its query showed (`Sc
 showed could not have been clicked, so a memory that promotes it is neither charged nor credited for it; the
 default "all" charges it, which favours small weights (RESULTS.md, twenty-first session: "shown" gained on the
 queries that have train queries about their documents and cost the others); the guard likewise with
-`cfg.guard_support`. With `cfg.doc_gate` the per-document term speaks only for a query the memory knows (remembered,
-or a remembered query at cosine >= doc_gate: ClickMemory.doc_gate), which spares queries about topics no user
-clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's and the guard's estimates
-are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise rate b fitted to the counted
-pairs; b x the credit noise alone would give each document a judged query's answers showed is taken off it), so
-keeping a shown non-relevant document earns nothing over promoting one no answer showed. Split by query, every answer
-that is not held out validates: the queries are cut into `memory_folds` folds, each judged with the memory counted
-from the others (`selection_folds`). The memory counted from fit + validation answers with those weights is then judged
-on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by default;
-feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout` answers;
-`memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must clearly beat the
-ranking without a memory and not be below the served memory) and published only then: the memory judged is the memory
-published.
+`cfg.guard_support`, or with "both" (the default) on the shown support, the memory refused all the same where the
+estimate over every candidate, which charges each such promotion, is below the served ranking on average
+(`charged_below`; RESULTS.md, twenty-ninth session). With `cfg.doc_gate` the per-document term speaks only for a query
+the memory knows (remembered, or a remembered query at cosine >= doc_gate: ClickMemory.doc_gate), which spares queries
+about topics no user clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's
+and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
+rate b fitted to the counted pairs; b x the credit noise alone would give each document a judged query's answers
+showed is taken off it), so keeping a shown non-relevant document earns nothing over promoting one no answer showed.
+Split by query, every answer that is not held out validates: the queries are cut into `memory_folds` folds, each judged
+with the memory counted from the others (`selection_folds`). The memory counted from fit + validation answers with those
+weights is then judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by
+default; feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
+answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must clearly
+beat the ranking without a memory and not be below the served memory) and published only then: the memory judged is the
+memory published.
 """
 from __future__ import annotations
 
@@ -307,7 +309,7 @@ def memory_verdict(guard: dict, cfg) -> str | None:
                     f"{own['delta']}, against no memory {own.get('vs_no_memory')}), whatever the memories made the "
                     f"same way from other queries gave on theirs (pooled {guard['delta']})")
     if "vs_no_memory" not in guard or guard["heldout_answers"] < cfg.min_heldout:
-        return verdict(guard, 1, cfg)
+        return verdict(guard, 1, cfg) or charged_below(guard)
     base = guard["vs_no_memory"]
     if base["interval"][0] <= 0:
         return (f"not better than the ranking without a click memory on held-out feedback: IPS-DCG difference "
@@ -315,7 +317,19 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     if guard["delta"] < 0:
         return (f"below the served click memory on held-out feedback: IPS-DCG difference {guard['delta']} with 95% "
                 f"interval {guard['interval']} (an update must not be below the served memory)")
-    return None
+    return charged_below(guard)
+
+
+def charged_below(guard: dict) -> str | None:
+    """With `cfg.guard_support` "both": why the memory must not be published although it passed on the shown support
+    (None: nothing against it): on average below the served ranking when the estimate ranks every candidate, so that
+    each promotion of a document no held-out answer of its query showed is charged (as if it were not relevant)."""
+    charged = guard.get("charged")
+    if charged is None or charged["delta"] >= 0:
+        return None
+    return (f"below the served ranking on held-out feedback once every promotion of a document no answer of its "
+            f"query showed is charged: IPS-DCG difference {charged['delta']} with 95% interval {charged['interval']} "
+            f"(it must not be below 0)")
 
 
 def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,
@@ -393,7 +407,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     for a in answers:
         parts[side(a.key, a.t, held_from, val_from, cfg)].append(a)
     exposure = logs.exposure(props) if "policy" in (cfg.propensities, cfg.guard_propensities) \
-        or "shown" in (cfg.support, cfg.guard_support) else {}
+        or cfg.support == "shown" or cfg.guard_support in ("shown", "both") else {}
     entries, _ = logs.entries(props, clip, cfg.propensities, exposure)  # what selects
     guarded = entries if cfg.guard_propensities == cfg.propensities else \
         logs.entries(props, clip, cfg.guard_propensities, exposure)[0]  # what the guard judges on
@@ -479,17 +493,23 @@ class Fitting:
         held-out clicks. `noise`: the fit's, which the estimate is corrected for."""
         if not guarded:
             return None
-        out = self.score(guarded, self.cfg.guard_support)
+        both = self.cfg.guard_support == "both"
+        out = self.score(guarded, "shown" if both else self.cfg.guard_support)
         if not len(out.lists):
             return None
+        charged = self.score(guarded, "all") if both else None
         if noise:  # the guard's estimate corrected alike, each held-out answer its share
             weight = click_weight(self.props, self.clip,
                                   self.exposure if self.cfg.guard_propensities == "policy" else {})
-            without_noise(out, expected_noise(held, None, self.props, weight), noise.noise, spread=True)
+            credit = expected_noise(held, None, self.props, weight)
+            for judged in filter(None, (out, charged)):
+                without_noise(judged, credit, noise.noise, spread=True)
         new, served = out.dcg(memory), out.dcg()
         diffs = {"served": new - served, "served_ips_dcg": served}
         if self.served_memory is not None:
             diffs["none"] = new - out.none()
+        if charged is not None:  # every promotion of a document no answer of its query showed charged
+            diffs["charged"] = charged.dcg(memory) - charged.dcg()
         return diffs
 
 
@@ -499,6 +519,8 @@ def guard_report(diffs: dict[str, np.ndarray] | None, cfg) -> dict:
     guard = {**compare(diffs["served"], cfg), "served_ips_dcg": round(float(diffs["served_ips_dcg"].mean()), 5)}
     if "none" in diffs:  # an update: also judged against the ranking without any memory
         guard["vs_no_memory"] = compare(diffs["none"], cfg)
+    if "charged" in diffs:  # guard_support "both": the same difference over every candidate
+        guard["charged"] = compare(diffs["charged"], cfg)
     return guard
 
 
@@ -569,7 +591,8 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
             continue
         per_fold.append({"fold": g, "answers": int(len(diffs["served"])),
                          "delta": round(float(diffs["served"].mean()), 5)}
-                        | ({"vs_no_memory": round(float(diffs["none"].mean()), 5)} if "none" in diffs else {}))
+                        | ({"vs_no_memory": round(float(diffs["none"].mean()), 5)} if "none" in diffs else {})
+                        | ({"charged": round(float(diffs["charged"].mean()), 5)} if "charged" in diffs else {}))
         for name, values in diffs.items():
             pooled.setdefault(name, []).append(values)
     guard = guard_report({k: np.concatenate(v) for k, v in pooled.items()} if pooled else None, cfg)

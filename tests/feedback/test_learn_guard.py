@@ -150,6 +150,7 @@ def test_the_guard_refuses_a_click_memory_built_from_adversarial_clicks(world):
     assert report["chosen"]["w_query"] > 0 or report["chosen"]["w_doc"] > 0  # it learned them: not a trivial refusal
     assert report["guard"]["heldout_answers"] >= 20
     assert report["guard"]["delta"] < 0 and report["guard"]["interval"][0] < 0
+    assert report["guard"]["charged"]["delta"] < 0  # the default guard ("both") also ranks every candidate
     assert "not better than the served model" in report["not_installed"]
     good, good_report = memory_learned(world, adversarial_until=0)
     assert good_report["guard"]["delta"] > report["guard"]["delta"]

@@ -41,3 +41,25 @@ def test_promoting_an_unshown_document_costs_only_without_the_support():
     assert on_support.dcg(promoting("c"))[0] == pytest.approx(2.0 / np.log2(4.0))
     # and promoting the clicked one earns on both
     assert on_support.dcg(promoting("b"))[0] == pytest.approx(2.0) == everything.dcg(promoting("b"))[0]
+
+
+def test_the_both_guard_refuses_what_the_charged_estimate_puts_below_the_served_ranking():
+    """guard_support "both" (the default): a memory that clears 0 on the shown support is refused all the same when
+    the estimate over every candidate, which charges each promotion of a document no answer showed, is below the
+    served ranking on average; level or above, it passes."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.memory_learn import memory_verdict
+
+    cfg = LearnConfig(min_heldout=50)
+    assert cfg.guard_support == "both"
+    passed = {"heldout_answers": 400, "delta": 0.018, "interval": [0.010, 0.025]}
+    assert memory_verdict(passed, cfg) is None  # the shown support alone
+    assert memory_verdict({**passed, "charged": {"heldout_answers": 400, "delta": 0.004,
+                                                  "interval": [-0.003, 0.012]}}, cfg) is None
+    refused = memory_verdict({**passed, "charged": {"heldout_answers": 400, "delta": -0.09,
+                                                     "interval": [-0.1, -0.08]}}, cfg)
+    assert "once every promotion of a document no answer of its query showed is charged" in refused
+    update = {**passed, "vs_no_memory": {"heldout_answers": 400, "delta": 0.03, "interval": [0.02, 0.04]}}
+    assert memory_verdict(update, cfg) is None
+    assert "is charged" in memory_verdict({**update, "charged": {"heldout_answers": 400, "delta": -0.001,
+                                                                  "interval": [-0.01, 0.008]}}, cfg)
