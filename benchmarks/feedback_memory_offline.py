@@ -102,6 +102,17 @@ def learned(index: Path, cfg_kwargs: dict, clip: float | None = None):
     return memory, report
 
 
+def fixed_choice(select, weights: str):
+    """memory_learn.select with its choice replaced by `weights` (--weights; the grid it ran is still reported)."""
+    w_query, w_doc, w_near, pseudo, near_min, near_k = (float(x) for x in weights.split(","))
+
+    def chosen(folds, props, unit, vectors, doc_gate=None, doc_related="off"):
+        _, grid = select(folds, props, unit, vectors, doc_gate, "off")
+        return {"w_query": w_query * unit, "w_doc": w_doc * unit, "w_near": w_near * unit, "pseudo": pseudo,
+                "near_min": near_min, "near_k": int(near_k), "doc_gate": None, "doc_related": None}, grid
+    return chosen
+
+
 def run_arguments(description: str) -> argparse.ArgumentParser:
     """The arguments of a what-if on a feedback_sim.py run's logs (this script's and feedback_memory_oracle.py's)."""
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +160,8 @@ def main() -> None:
                     "default: its own)")
     ap.add_argument("--doc-gate", type=cosine_or_off, default=argparse.SUPPRESS,
                     help="`sieve feedback learn --doc-gate` (a cosine or off; default: the command's)")
+    ap.add_argument("--weights", help="a what-if memory instead of the selection's choice: w_query,w_doc,w_near (x the "
+                    "served scores' spread, as the grid),pseudo,near_min,near_k, e.g. 0,2,0,2,0.9,1 (is it refused?)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     data = load_split(args.data, args.split)
@@ -163,6 +176,8 @@ def main() -> None:
         memory_learn.DOC_RELATED_GRID = tuple(float(x) for x in args.doc_related_grid.split(","))
     if args.near_k_grid:
         memory_learn.NEAR_K_GRID = tuple(int(x) for x in args.near_k_grid.split(","))
+    if args.weights:
+        memory_learn.select = fixed_choice(memory_learn.select, args.weights)
     memory, report = learned(args.index, {"heldout": args.heldout, "propensities": args.propensities,
                                             "guard_propensities": args.guard_propensities, **support_kwargs(args)},
                          args.clip)
