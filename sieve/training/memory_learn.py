@@ -502,7 +502,7 @@ class Fitting:
             weight = click_weight(self.props, self.clip,
                                   self.exposure if self.cfg.guard_propensities == "policy" else {})
             credit = expected_noise(held, None, self.props, weight)
-            for judged in filter(None, (out, charged)):
+            for judged in [out] + ([charged] if charged is not None else []):
                 without_noise(judged, credit, noise.noise, spread=True)
         new, served = out.dcg(memory), out.dcg()
         diffs = {"served": new - served, "served_ips_dcg": served}
