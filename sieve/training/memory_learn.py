@@ -497,18 +497,16 @@ class Fitting:
         out = self.score(guarded, "shown" if both else self.cfg.guard_support)
         if not len(out.lists):
             return None
-        charged = self.score(guarded, "all") if both else None
         if noise:  # the guard's estimate corrected alike, each held-out answer its share
             weight = click_weight(self.props, self.clip,
                                   self.exposure if self.cfg.guard_propensities == "policy" else {})
-            credit = expected_noise(held, None, self.props, weight)
-            for judged in [out] + ([charged] if charged is not None else []):
-                without_noise(judged, credit, noise.noise, spread=True)
+            without_noise(out, expected_noise(held, None, self.props, weight), noise.noise, spread=True)
         new, served = out.dcg(memory), out.dcg()
         diffs = {"served": new - served, "served_ips_dcg": served}
         if self.served_memory is not None:
             diffs["none"] = new - out.none()
-        if charged is not None:  # every promotion of a document no answer of its query showed charged
+        if both:  # the same answers ranked over every candidate: each promotion of a document none showed charged
+            charged = replace(out, shown=None)
             diffs["charged"] = charged.dcg(memory) - charged.dcg()
         return diffs
 
