@@ -3,7 +3,10 @@ configuration of a grid, the click estimate `sieve feedback learn` selects on (t
 no memory over the validation folds' clicked answers, exactly as memory_learn.select computes it) beside what that
 configuration, counted as the learner would publish it (fit + validation answers), gives on an evaluation split's
 nDCG@10 offline (feedback_memory_offline.py's served lists). The best configuration on the evaluation split is an
-oracle, not a learner: it says how much of the gap to a target is the counts and how much the choice.
+oracle, not a learner: it says how much of the gap to a target is the counts and how much the choice. With
+`--judged-counts` each configuration is also counted from the same answers as the full-information ceiling counts
+them (feedback_sim.py --ceiling: every shown document examined, clicked exactly when the train qrels judge it
+relevant) and scored on the evaluation split (`eval_gain_judged`): what those weights give from perfect clicks.
 
 Use the dev split: the evaluation split here is chosen on, so the test split would be selected on too.
 
@@ -31,11 +34,12 @@ NEAR = ((0.7, 1), (0.7, 8), (0.8, 1), (0.8, 8), (0.9, 1))  # (near_min, near_k)
 
 
 def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "policy",
-         clip: float | None = None, support: dict | None = None, learner_grid: bool = False
+         clip: float | None = None, support: dict | None = None, learner_grid: bool = False, judged_by=None
          ) -> tuple[list[dict], dict]:
     """`support`: LearnConfig's support fields (feedback_memory_offline.support_kwargs), the learner's when empty.
     `learner_grid`: the learner's own grid (every weight of W_GRID, its near_min and near_k grids) instead of NEAR
-    and the weights up to 16 score units."""
+    and the weights up to 16 score units. `judged_by`: the train split (its qrels judge the shown documents: the
+    ceiling's counts, `eval_gain_judged`)."""
     from sieve.feedback.memory import ClickMemory, tally
     from sieve.training import memory_learn
     from sieve.training.feedback_learn import ips_dcg
@@ -69,11 +73,15 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
     held_from, val_from = memory_learn.time_cuts(answers, cfg)
     published = tally([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg) != "heldout"],
                       props)  # the fit and validation answers: what the learner counts the memory it publishes from
+    judged_counts = ceiling_counts([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg)
+                                    != "heldout"], judged_by) if judged_by is not None else None
     base = float(np.mean(list(offline.ndcgs(lists, data).values())))
     rows = []
     for m in memory_learn.PSEUDO_GRID:
         counted = [ClickMemory.build(tally(c, props), 1.0, 1.0, m, w_near=1.0, vectors=vectors) for c, _ in folds]
         memory = ClickMemory.build(published, 0.0, 1.0, m, w_near=1.0, vectors=vectors)
+        perfect = ClickMemory.build(judged_counts, 0.0, 1.0, m, w_near=1.0, vectors=vectors) \
+            if judged_counts is not None else None
         for near_min, near_k in near_grid:
             terms = [s.terms(replace(c, near_min=near_min, near_k=near_k)) for c, s in zip(counted, judged)]
             memory.near_min, memory.near_k = near_min, near_k
@@ -87,8 +95,34 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
                 rows.append({"pseudo": m, "near_min": near_min, "near_k": near_k, "w_doc": wd, "w_near": wn,
                              "click_estimate": round(float(diff.mean()), 5), "eval_gain": round(gain, 4),
                              "fold_estimates": [round(float(x.mean()), 5) for x in np.split(diff, cuts)]})
+                if perfect is not None:
+                    perfect.near_min, perfect.near_k, perfect.w_doc, perfect.w_near = \
+                        near_min, near_k, wd * unit, wn * unit
+                    rows[-1]["eval_gain_judged"] = round(
+                        float(np.mean(list(offline.ndcgs(lists, data, perfect).values()))) - base, 4)
     return rows, {"chosen": report.get("chosen"), "verdict": report.get("verdict"), "score_unit": unit,
                   "validation_answers": int(len(none)), "default": round(base, 4)}
+
+
+class EveryRankExamined:
+    """Propensity 1 at every rank (the ceiling's `--eta 0`)."""
+    source = "every rank examined (the ceiling's counts)"
+
+    @staticmethod
+    def of(rank: int) -> float:
+        return 1.0
+
+
+def ceiling_counts(answers: list, train) -> "Tallies":
+    """`answers` counted as feedback_sim.py's ceiling counts them: each shown document examined, clicked exactly when
+    the train split's qrels judge it relevant for the answer's query (its key: records.query_key)."""
+    from sieve.feedback.memory import Shown, tally
+    from sieve.feedback.records import query_key
+
+    relevant = {query_key(" ".join(text.split())): {d for d, g in train.qrels.get(q, {}).items() if g > 0}
+                for q, text in train.queries.items()}
+    return tally([Shown(a.key, a.shown, {d for d in a.shown if d in relevant.get(a.key, ())}, a.t) for a in answers],
+                 EveryRankExamined())
 
 
 def spearman(x, y) -> float:
@@ -123,6 +157,8 @@ def main() -> None:
     ap = offline.run_arguments(__doc__)
     ap.add_argument("--learner-grid", action="store_true", help="the learner's own grid (every weight up to 128 "
                     "score units, its near_min and near_k grids) instead of the narrower one here")
+    ap.add_argument("--judged-counts", action="store_true", help="also each configuration counted from the same "
+                    "answers with the train qrels as clicks (the ceiling's counts): eval_gain_judged")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rules-only", action="store_true", help="read --out (an earlier run with per-fold estimates), "
                     "add its selection_rules and write it back; nothing else is run")
@@ -137,19 +173,22 @@ def main() -> None:
     data = load_split(args.data, args.split)
     lists = offline.served_lists(args.index, data, args.cache)
     rows, learner = grid(args.index, lists, data, args.heldout, args.propensities, args.clip,
-                         offline.support_kwargs(args), args.learner_grid)
+                         offline.support_kwargs(args), args.learner_grid,
+                         load_split(args.data, "train") if args.judged_counts else None)
     by_click = max(rows, key=lambda r: r["click_estimate"])
     oracle = max(rows, key=lambda r: r["eval_gain"])
+    judged = {"best_from_judged_counts": max(rows, key=lambda r: r["eval_gain_judged"]),
+              "judged_counts_at_best_by_click": by_click["eval_gain_judged"]} if args.judged_counts else {}
     doc = {"command": " ".join(sys.argv), "machine": machine_info(), "load_before": load_before, "split": args.split,
            "units": "weights in score units (x score_unit)", "learner": learner,
            "spearman_click_vs_eval": round(spearman([r["click_estimate"] for r in rows],
                                                     [r["eval_gain"] for r in rows]), 3),
-           "best_by_click_estimate": by_click, "best_on_eval_split": oracle,
+           "best_by_click_estimate": by_click, "best_on_eval_split": oracle, **judged,
            "selection_rules": selection_rules(rows), "configurations": rows,
            "wall_s": round(time.monotonic() - began, 1), "load_after": os.getloadavg()}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: doc[k] for k in ("learner", "spearman_click_vs_eval", "best_by_click_estimate",
-                                          "best_on_eval_split")}))
+                                          "best_on_eval_split", *judged)}))
 
 
 if __name__ == "__main__":

@@ -31,3 +31,26 @@ def test_selection_rules_each_pick_what_they_say():
     assert picked["median_fold"] == "median"
     assert picked["mean_less_one_se"] == "steady"  # 0.0064 less a tiny spread beats 0.01 less a wide one
     assert picked["mean_rank"] == "steady"  # mean rank over folds 1.0, lucky and median 1.4
+
+
+def test_judged_counts_are_the_ceilings():
+    """The same answers counted as feedback_sim.py's ceiling counts them: every shown document examined once per
+    answer, clicked exactly when the train qrels judge it relevant (grade > 0), whatever the users clicked."""
+    from types import SimpleNamespace
+
+    from benchmarks.feedback_memory_oracle import ceiling_counts
+    from sieve.feedback.memory import Shown
+    from sieve.feedback.records import query_key
+
+    train = SimpleNamespace(queries={"q1": "fish  oil", "q2": "vitamin d"},
+                            qrels={"q1": {"d1": 2, "d3": 0}, "q2": {"d2": 1}})
+    k1, k2 = query_key("fish oil"), query_key("vitamin d")
+    answers = [Shown(k1, ["d3", "d1", "d2"], {"d3"}), Shown(k1, ["d1", "d2"], set()),
+               Shown(k2, ["d1", "d2"], {"d1"}), Shown("unjudged", ["d1"], {"d1"})]
+    counts = ceiling_counts(answers, train)
+    assert counts.pairs[(k1, "d1")] == [2.0, 2.0]  # relevant, shown twice: two clicks, two examinations
+    assert counts.pairs[(k1, "d3")] == [0.0, 1.0]  # grade 0 and clicked by a user: not a click here
+    assert counts.pairs[(k2, "d1")] == [0.0, 1.0]
+    assert counts.pairs[(k2, "d2")] == [1.0, 1.0]
+    assert counts.pairs[("unjudged", "d1")] == [0.0, 1.0]  # a query without qrels: nothing relevant
+    assert counts.docs["d1"] == [2.0, 4.0] and counts.answers == 4
