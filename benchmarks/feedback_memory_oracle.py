@@ -71,10 +71,10 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
     bases = [s.judged(s.base) for s in judged]  # the learner's estimate: -inf off its support
     answers = seen["logs"].answers()
     held_from, val_from = memory_learn.time_cuts(answers, cfg)
-    published = tally([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg) != "heldout"],
-                      props)  # the fit and validation answers: what the learner counts the memory it publishes from
-    judged_counts = ceiling_counts([a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg)
-                                    != "heldout"], judged_by) if judged_by is not None else None
+    # the fit and validation answers: what the learner counts the memory it publishes from
+    kept = [a for a in answers if memory_learn.side(a.key, a.t, held_from, val_from, cfg) != "heldout"]
+    published = tally(kept, props)
+    judged_counts = ceiling_counts(kept, judged_by) if judged_by is not None else None
     base = float(np.mean(list(offline.ndcgs(lists, data).values())))
     rows = []
     for m in memory_learn.PSEUDO_GRID:
@@ -113,7 +113,7 @@ class EveryRankExamined:
         return 1.0
 
 
-def ceiling_counts(answers: list, train) -> "Tallies":
+def ceiling_counts(answers: list, train):
     """`answers` counted as feedback_sim.py's ceiling counts them: each shown document examined, clicked exactly when
     the train split's qrels judge it relevant for the answer's query (its key: records.query_key)."""
     from sieve.feedback.memory import Shown, tally
