@@ -104,25 +104,16 @@ def grid(index: Path, lists: dict, data, heldout: float, propensities: str = "po
                   "validation_answers": int(len(none)), "default": round(base, 4)}
 
 
-class EveryRankExamined:
-    """Propensity 1 at every rank (the ceiling's `--eta 0`)."""
-    source = "every rank examined (the ceiling's counts)"
-
-    @staticmethod
-    def of(rank: int) -> float:
-        return 1.0
-
-
 def ceiling_counts(answers: list, train):
-    """`answers` counted as feedback_sim.py's ceiling counts them: each shown document examined, clicked exactly when
-    the train split's qrels judge it relevant for the answer's query (its key: records.query_key)."""
+    """`answers` counted as feedback_sim.py's ceiling counts them: each shown document examined (propensity 1, its
+    `--eta 0`), clicked exactly when the train split's qrels judge it relevant for the answer's query."""
+    from benchmarks.feedback_sim import relevant_by_key
+    from sieve.feedback import propensity
     from sieve.feedback.memory import Shown, tally
-    from sieve.feedback.records import query_key
 
-    relevant = {query_key(" ".join(text.split())): {d for d, g in train.qrels.get(q, {}).items() if g > 0}
-                for q, text in train.queries.items()}
+    relevant = relevant_by_key(train)
     return tally([Shown(a.key, a.shown, {d for d in a.shown if d in relevant.get(a.key, ())}, a.t) for a in answers],
-                 EveryRankExamined())
+                 propensity.default(eta=0.0))
 
 
 def spearman(x, y) -> float:

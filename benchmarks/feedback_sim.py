@@ -212,15 +212,22 @@ def ceiling(index: Path, data_train, steps: int, depth: int) -> dict:
             "published": str(path)}
 
 
+def relevant_by_key(data_train) -> dict[str, set[str]]:
+    """Query key (records.query_key of the whitespace-normalised text) -> the documents the split's qrels judge
+    relevant (grade > 0): the clicks of the full-information ceiling."""
+    from sieve.feedback.records import query_key
+
+    return {query_key(" ".join(text.split())): {d for d, g in data_train.qrels.get(q, {}).items() if g > 0}
+            for q, text in data_train.queries.items()}
+
+
 def memory_ceiling(index: Path, work: Path, data_train, split: str) -> dict:
     """The click memory's full-information ceiling: the same impressions the server logged, every shown document
     examined (propensity 1: --eta 0, no swaps copied) and clicked exactly when the train qrels judge it relevant;
     learned, judged and published by the same command (`--learn memory`)."""
     from sieve.feedback.log import AppendLog, read_records
-    from sieve.feedback.records import query_key
 
-    relevant = {query_key(" ".join(text.split())): {d for d, g in data_train.qrels[q].items() if g > 0}
-                for q, text in data_train.queries.items()}
+    relevant = relevant_by_key(data_train)
     root = work / "ceiling-feedback"
     shutil.rmtree(root, ignore_errors=True)
     impressions, events = AppendLog(root, "impressions", 1 << 40), AppendLog(root, "events", 1 << 40)
