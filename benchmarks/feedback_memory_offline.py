@@ -134,6 +134,8 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
                     help="`sieve feedback learn --memory-guard` (default: the learner's)")
     ap.add_argument("--noise", choices=("estimated", "off"), default=None,
                     help="`sieve feedback learn --noise` (default: the learner's)")
+    ap.add_argument("--estimate", choices=("ips", "dr"), default=None,
+                    help="`sieve feedback learn --estimate` (default: the learner's)")
     ap.add_argument("--doc-related", type=select_cosine_or_off, default=None,
                     help="`sieve feedback learn --doc-related` (default: the learner's)")
     return ap
@@ -143,7 +145,7 @@ def support_kwargs(args) -> dict:
     """--support, --guard-support, --noise, --doc-related, --memory-guard and --doc-gate as LearnConfig fields (those
     given)."""
     out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
-                             ("noise", args.noise), ("doc_related", args.doc_related),
+                             ("noise", args.noise), ("doc_related", args.doc_related), ("estimate", args.estimate),
                              ("memory_guard", getattr(args, "memory_guard", None))) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate

@@ -270,6 +270,8 @@ def main() -> None:
                     help="`sieve feedback learn --guard-support` (default: the command's)")
     ap.add_argument("--noise", choices=["estimated", "off"], default=None,
                     help="`sieve feedback learn --noise` (default: the command's)")
+    ap.add_argument("--estimate", choices=["ips", "dr"], default=None,
+                    help="`sieve feedback learn --estimate` (default: the command's)")
     ap.add_argument("--doc-related", default=None,
                     help="`sieve feedback learn --doc-related` (select, a cosine or off; default: the command's)")
     ap.add_argument("--doc-gate", default=None, help="`sieve feedback learn --doc-gate` (a cosine or off; default: "
@@ -322,7 +324,7 @@ def main() -> None:
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split,
            "propensities": args.propensities, "clip": args.clip, "support": args.support,
            "guard_support": args.guard_support, "doc_gate": args.doc_gate, "noise": args.noise,
-           "doc_related": args.doc_related, "memory_guard": args.memory_guard, "command": " ".join(sys.argv),
+           "estimate": args.estimate, "doc_related": args.doc_related, "memory_guard": args.memory_guard, "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),
@@ -344,6 +346,7 @@ def main() -> None:
                 (("--guard-support", args.guard_support) if args.guard_support else ()) + \
                 (("--doc-gate", args.doc_gate) if args.doc_gate else ()) + \
                 (("--noise", args.noise) if args.noise else ()) + \
+                (("--estimate", args.estimate) if args.estimate else ()) + \
                 (("--doc-related", str(args.doc_related)) if args.doc_related else ()) + \
                 (("--memory-guard", args.memory_guard) if args.memory_guard else ())
             learned = learn(index, args.steps, args.split, args.learn, extra)

@@ -90,6 +90,11 @@ def register(sub) -> None:
                        help="the click memory's selection and guard estimates without the credit clicks on "
                             "non-relevant results give every shown document (the noise click rate, estimated from the "
                             "logs: sieve/feedback/noise.py), or as counted (off)")
+    learn.add_argument("--estimate", choices=["ips", "dr"], default=d.estimate,
+                       help="the click memory's selection estimate (and its guard's over every candidate): IPS, or "
+                            "doubly robust (dr: a promoted document no answer of its query showed is credited with "
+                            "what the documents like it, by the memory's evidence and their served rank, were "
+                            "clicked for where users saw them, instead of nothing)")
     learn.add_argument("--doc-related", type=select_cosine_or_off, default=d.doc_related, metavar="select|COSINE|off",
                        help="the click memory's per-document term for a document only where a remembered query whose "
                             "users clicked it is at this cosine or more with the query (select: a cosine or none, "
@@ -161,7 +166,11 @@ def learn(args, settings) -> int:
                       batch=args.batch, lr=args.lr, teacher=args.teacher, heldout=args.heldout, split=args.split,
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
                       support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate,
-                      noise=args.noise, doc_related=args.doc_related, memory_guard=args.memory_guard)
+                      noise=args.noise, doc_related=args.doc_related, memory_guard=args.memory_guard,
+                      estimate=args.estimate)
+    if cfg.estimate == "dr" and cfg.support == "shown":
+        raise SystemExit("--support shown leaves out the candidates no answer of their query showed, which the "
+                         "doubly-robust estimate (--estimate dr, the default) credits: add --estimate ips")
     what = getattr(args, "learn", "both")
     biencoder, index, store, served = opened(settings)
     try:

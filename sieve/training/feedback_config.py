@@ -39,6 +39,10 @@ class LearnConfig:
     # the click memory's selection and guard estimates with the click-noise rate removed (sieve/feedback/noise.py:
     # "estimated", from the logs by EM), or as counted ("off")
     noise: str = "estimated"
+    # the click memory's selection estimate, and the guard's over every candidate (guard_support "both"): IPS, or
+    # doubly robust ("dr": a promoted candidate no answer of its query showed credited with a direct-method estimate
+    # of its clicks; sieve/training/memory_dr.py; the default since RESULTS.md, issue 33, thirty-first session)
+    estimate: str = "dr"
     # the click memory's per-document term gated on who clicked each document (ClickMemory.doc_related): at a cosine,
     # "select" (a second selection pass tries memory_learn.DOC_RELATED_GRID's cosines and none), or never ("off")
     doc_related: str | float = "select"

@@ -22,6 +22,10 @@ about topics no user clicked on (RESULTS.md, twenty-second session). With `cfg.n
 and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
 rate b fitted to the counted pairs; b x the credit noise alone would give each document a judged query's answers
 showed is taken off it), so keeping a shown non-relevant document earns nothing over promoting one no answer showed.
+With `cfg.estimate` "dr" (the default) the selection's estimate, and the guard's over every candidate ("both"), are
+doubly robust (memory_dr.py): a promoted candidate no answer of its query showed is credited with a direct-method
+estimate of its clicks per examination, fitted on the judged queries' shown candidates, instead of only charged for
+what it pushes down.
 Split by query, every answer that is not held out validates: the queries are cut into `memory_folds` folds, each judged
 with the memory counted from the others (`selection_folds`). The memory counted from fit + validation answers with those
 weights is then judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by
@@ -44,6 +48,7 @@ from sieve.feedback.dataset import ClickLists, Entry, build, click_weight
 from sieve.feedback.memory import ClickMemory, Shown, Tallies, tally
 from sieve.feedback.noise import Noise, estimate, expected_noise
 from sieve.feedback.records import unpack
+from sieve.training import memory_dr
 from sieve.training.feedback_learn import compare, ips_dcg, target_ranks, verdict
 
 W_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)  # x the served scores' spread (median std, top 10)
@@ -186,7 +191,8 @@ def spread(folds: list[Scored]) -> float:
 
 
 def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors: dict,
-           doc_gate: float | None = None, doc_related: str | float = "off") -> tuple[dict, list]:
+           doc_gate: float | None = None, doc_related: str | float = "off", exposure: dict | None = None
+           ) -> tuple[dict, list]:
     """The weights (w_q, w_n, w_d), m, near_min and near_k with the best mean IPS-DCG over the grid on the judged
     answers of every fold (each fold: the answers its memory is counted from, and the clicked answers it is judged
     on, whose queries those never include when split by query), and the grid's best results. A choice must beat the
@@ -197,8 +203,11 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
     (`doc_pass`) then chooses the per-document term's weight again under a gate on the users who clicked each
     document (ClickMemory.doc_related, from DOC_RELATED_GRID, or none), the rest of the choice held: the whole grid
     over the gate too would cost four times the first pass. A cosine as `doc_related` gates the term at it throughout
-    instead."""
+    instead. With `exposure` (Logs.exposure; `cfg.estimate` "dr") each estimate is doubly robust: a candidate no
+    answer of its query showed is credited with a direct-method estimate of its clicks (sieve/training/memory_dr.py),
+    fitted for each m, near_min and near_k on the judged queries' shown candidates."""
     fixed = doc_related if isinstance(doc_related, float) else None
+    unseen = [memory_dr.Unseen.of(s, exposure) for _, s in folds] if exposure is not None else None
     judged = [s for _, s in folds]
     answers = sum(len(s.lists) for s in judged)
     served = sum(float(s.dcg().sum()) for s in judged) / answers
@@ -225,6 +234,7 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             terms = [(fq, fn, fd * gate) for (fq, fn, fd), gate in zip(terms, gates)]
         doc_terms.setdefault(m, [fd for _, _, fd in terms])  # f(doc) depends on m only (and the fixed gate)
         gathered = [(t.gather(fq), t.gather(fn), t.gather(fd)) for t, (fq, fn, fd) in zip(targets, terms)]
+        credits = credited(unseen, terms, judged)
         for a, c in itertools.product(W_GRID, W_GRID):
             if (a and not known) or (not c and (near_min, near_k) != (NEAR_GRID[-1], NEAR_K_GRID[0])):
                 continue  # the same ranking as a configuration the grid scores anyway
@@ -232,8 +242,9 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
             for b in W_GRID:
                 if not (a or b or c):
                     continue  # no memory
-                value = sum(t.total(t.base + unit * (part + b * fd))
-                            for t, part, (_, _, fd) in zip(targets, partial, gathered)) / answers
+                value = (sum(t.total(t.base + unit * (part + b * fd))
+                             for t, part, (_, _, fd) in zip(targets, partial, gathered))
+                         + sum(cr.total(a * unit, c * unit, b * unit) for cr in credits)) / answers
                 choice = {"w_query": a * unit, "w_doc": b * unit, "w_near": c * unit, "pseudo": m,
                           "near_min": near_min, "near_k": near_k, "doc_gate": doc_gate if b else None,
                           "doc_related": fixed if b else None}
@@ -242,10 +253,18 @@ def select(folds: list[tuple[list[Shown], Scored]], props, unit: float, vectors:
                     best, best_value = choice, value
     if doc_related == "select":
         best, best_value = doc_pass(best, best_value, judged, bases, counted, doc_terms[best["pseudo"]], unit,
-                                    answers, doc_gate, results)
+                                    answers, doc_gate, results, unseen)
     return best, [{"served_validation_ips_dcg": round(served, 5), "no_memory_validation_ips_dcg": round(none, 5),
                    "folds": len(folds), "validation_answers": answers}] + sorted(
         results, key=lambda r: -r["validation_ips_dcg"])[:10]
+
+
+def credited(unseen: list[memory_dr.Unseen] | None, terms: list, judged: list[Scored]) -> list[memory_dr.Credit]:
+    """The doubly-robust estimate's direct-method part of each judged fold for these terms (none: IPS alone)."""
+    if unseen is None:
+        return []
+    beta = memory_dr.fit(unseen, terms)
+    return [memory_dr.Credit.of(u, beta, t, s.base) for u, t, s in zip(unseen, terms, judged)]
 
 
 class GridTargets:
@@ -270,8 +289,8 @@ class GridTargets:
 
 
 def doc_pass(best: dict, best_value: float, judged: list[Scored], bases: list[np.ndarray], counted: dict,
-             doc_terms: list[np.ndarray], unit: float, answers: int, doc_gate: float | None, results: list
-             ) -> tuple[dict, float]:
+             doc_terms: list[np.ndarray], unit: float, answers: int, doc_gate: float | None, results: list,
+             unseen: list[memory_dr.Unseen] | None = None) -> tuple[dict, float]:
     """select()'s second pass: the per-document term's clicker gate (`doc_related` over DOC_RELATED_GRID) and its
     weight (W_GRID), the rest of the choice held (`doc_terms`: the term's values at the chosen m, ungated); kept only
     where it beats the choice (ties: the choice). The gate reads the memory of the chosen m (which queries clicked a
@@ -280,9 +299,12 @@ def doc_pass(best: dict, best_value: float, judged: list[Scored], bases: list[np
     kept = [(fq, fn) for fq, fn, _ in (s.terms(memory) for memory, s in zip(memories, judged))]
     closest = [s.closest(memory) for memory, s in zip(memories, judged)]
     a, c = best["w_query"] / unit, best["w_near"] / unit
+    credits = {related: credited(unseen, [(fq, fn, fd * (near >= related)) for (fq, fn), fd, near
+                                          in zip(kept, doc_terms, closest)], judged) for related in DOC_RELATED_GRID}
     for related, b in itertools.product(DOC_RELATED_GRID, W_GRID[1:]):  # a gate on a weight of 0 changes nothing
-        value = sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd * (near >= related)), s.lists).sum())
-                    for s, base, (fq, fn), fd, near in zip(judged, bases, kept, doc_terms, closest)) / answers
+        value = (sum(float(ips_dcg(base + unit * (a * fq + c * fn + b * fd * (near >= related)), s.lists).sum())
+                     for s, base, (fq, fn), fd, near in zip(judged, bases, kept, doc_terms, closest))
+                 + sum(cr.total(a * unit, c * unit, b * unit) for cr in credits[related])) / answers
         choice = {**best, "w_doc": b * unit, "doc_related": related, "doc_gate": doc_gate}
         results.append({**choice, "validation_ips_dcg": round(value, 5)})
         if value > best_value + 1e-12:
@@ -327,6 +349,10 @@ def charged_below(guard: dict) -> str | None:
     charged = guard.get("charged")
     if charged is None or charged["delta"] >= 0:
         return None
+    if charged.get("estimate") == "dr":
+        return (f"below the served ranking on held-out feedback over every candidate, each promotion of a document no "
+                f"answer of its query showed credited with what documents like it were clicked for (doubly robust): "
+                f"difference {charged['delta']} with 95% interval {charged['interval']} (it must not be below 0)")
     return (f"below the served ranking on held-out feedback once every promotion of a document no answer of its "
             f"query showed is charged: IPS-DCG difference {charged['delta']} with 95% interval {charged['interval']} "
             f"(it must not be below 0)")
@@ -407,7 +433,7 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     for a in answers:
         parts[side(a.key, a.t, held_from, val_from, cfg)].append(a)
     exposure = logs.exposure(props) if "policy" in (cfg.propensities, cfg.guard_propensities) \
-        or cfg.support == "shown" or cfg.guard_support in ("shown", "both") else {}
+        or cfg.support == "shown" or cfg.guard_support in ("shown", "both") or cfg.estimate == "dr" else {}
     entries, _ = logs.entries(props, clip, cfg.propensities, exposure)  # what selects
     guarded = entries if cfg.guard_propensities == cfg.propensities else \
         logs.entries(props, clip, cfg.guard_propensities, exposure)[0]  # what the guard judges on
@@ -477,7 +503,8 @@ class Fitting:
                                                      self.exposure if cfg.propensities == "policy" else {}))
                 for _, judged in folds:
                     without_noise(judged, credit, noise.noise)
-        chosen, grid = select(folds, self.props, unit, self.vectors, cfg.doc_gate, cfg.doc_related)
+        chosen, grid = select(folds, self.props, unit, self.vectors, cfg.doc_gate, cfg.doc_related,
+                              self.exposure if cfg.estimate == "dr" else None)
         if report is not None:
             report.update({"score_unit": round(unit, 5), "chosen": chosen, "grid": grid})
         memory = ClickMemory.build(counts, chosen["w_query"], chosen["w_doc"], chosen["pseudo"],
@@ -508,7 +535,18 @@ class Fitting:
         if both:  # the same answers ranked over every candidate: each promotion of a document none showed charged
             charged = replace(out, shown=None)
             diffs["charged"] = charged.dcg(memory) - charged.dcg()
+            if self.cfg.estimate == "dr":  # or credited with what the documents like it were clicked for
+                diffs["charged"] = diffs["charged"] + self.credit(out, memory)
         return diffs
+
+    def credit(self, out: Scored, memory: ClickMemory) -> np.ndarray:
+        """(Q,) per judged answer the doubly-robust estimate's direct-method part (memory_dr) of `memory` over the
+        ranking served now, fitted on these answers' queries' shown candidates."""
+        unseen = memory_dr.Unseen.of(out, self.exposure)
+        terms = out.terms(memory)
+        credit = memory_dr.Credit.of(unseen, memory_dr.fit([unseen], [terms]), terms, out.base)
+        served = out.base if out.served is None else out.served
+        return credit.per_list((memory.w_query, memory.w_near, memory.w_doc), served)
 
 
 def guard_report(diffs: dict[str, np.ndarray] | None, cfg) -> dict:
@@ -518,7 +556,7 @@ def guard_report(diffs: dict[str, np.ndarray] | None, cfg) -> dict:
     if "none" in diffs:  # an update: also judged against the ranking without any memory
         guard["vs_no_memory"] = compare(diffs["none"], cfg)
     if "charged" in diffs:  # guard_support "both": the same difference over every candidate
-        guard["charged"] = compare(diffs["charged"], cfg)
+        guard["charged"] = compare(diffs["charged"], cfg) | ({"estimate": "dr"} if cfg.estimate == "dr" else {})
     return guard
 
 
