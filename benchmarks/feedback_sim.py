@@ -324,7 +324,8 @@ def main() -> None:
            "eval_queries": len(eval_data.queries), "steps": args.steps, "learn": args.learn, "split": args.split,
            "propensities": args.propensities, "clip": args.clip, "support": args.support,
            "guard_support": args.guard_support, "doc_gate": args.doc_gate, "noise": args.noise,
-           "estimate": args.estimate, "doc_related": args.doc_related, "memory_guard": args.memory_guard, "command": " ".join(sys.argv),
+           "estimate": args.estimate, "doc_related": args.doc_related, "memory_guard": args.memory_guard,
+           "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
         "SIEVE_FEEDBACK_EXPLORE_FRACTION": str(args.explore), "SIEVE_FEEDBACK_EXPLORE_DEPTH": str(args.explore_depth),

@@ -167,3 +167,16 @@ def test_the_command_takes_the_estimate():
     assert parser.parse_args(["feedback", "learn", "--estimate", "ips"]).estimate == "ips"
     with pytest.raises(SystemExit):
         parser.parse_args(["feedback", "learn", "--estimate", "snips"])
+
+
+def test_the_command_refuses_the_estimate_with_a_support_that_leaves_out_what_it_credits(tmp_path):
+    import argparse
+
+    from sieve.service.config import Settings
+    from sieve.training.feedback_cli import learn, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["feedback", "learn", "--support", "shown"])
+    with pytest.raises(SystemExit, match="add --estimate ips"):
+        learn(args, Settings(index_dir=tmp_path))
