@@ -56,11 +56,15 @@ class Unseen:
     answers: np.ndarray  # (U,) the query's /search answers in the logs
     lists: np.ndarray  # (U,) its clicked answers among the judged ones (the guard spreads a query's credit over them)
     of_list: np.ndarray  # (Q,) each judged list's query (0..U-1)
-    seen: np.ndarray  # (U, K) a candidate some answer of the query showed, with examinations
     unseen: np.ndarray  # (U, K) a candidate none showed (not padding)
     y: np.ndarray  # (U, K) clicks per examination (seen)
-    w: np.ndarray  # (U, K) examinations (seen)
+    w: np.ndarray  # (U, K) examinations (> 0: seen)
     lrank: np.ndarray  # (U, K) log2(2 + served rank)
+
+    @property
+    def seen(self) -> np.ndarray:
+        """(U, K) a candidate some answer of the query showed (it has examinations)."""
+        return self.w > 0
 
     @classmethod
     def of(cls, scored, exposure: dict) -> "Unseen":
@@ -80,7 +84,7 @@ class Unseen:
         at = {key: u for u, key in enumerate(order)}
         rows = np.array([first[k] for k in order], np.int64)
         shape = (len(order), scored.base.shape[1])
-        seen, unseen = np.zeros(shape, bool), np.zeros(shape, bool)
+        unseen = np.zeros(shape, bool)
         y, w = np.zeros(shape), np.zeros(shape)
         answers = np.ones(len(order))
         for u, key in enumerate(order):
@@ -91,14 +95,14 @@ class Unseen:
                     continue
                 e = exams.get(doc, 0.0)
                 if e > 0:
-                    seen[u, j], w[u, j] = True, e
+                    w[u, j] = e
                     y[u, j] = sums[key].get(doc, 0.0) / answers[u]
                 else:
                     unseen[u, j] = True
         of_list = np.array([at[k] for k in keys], np.int64)
         base = scored.base[rows]
         return cls(rows, answers, np.bincount(of_list, minlength=len(order)).astype(np.float64), of_list,
-                   seen, unseen & np.isfinite(base), y, w, np.log2(2.0 + ranks(base)))
+                   unseen & np.isfinite(base), y, w, np.log2(2.0 + ranks(base)))
 
 
 def fit(folds: list[Unseen], terms: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray | None:
@@ -107,7 +111,8 @@ def fit(folds: list[Unseen], terms: list[tuple[np.ndarray, np.ndarray, np.ndarra
     xs, ys, ws = [], [], []
     for unseen, (fq, fn, fd) in zip(folds, terms):
         x = features(fq[unseen.first], fn[unseen.first], fd[unseen.first], unseen.lrank)
-        xs.append(x[unseen.seen]), ys.append(unseen.y[unseen.seen]), ws.append(unseen.w[unseen.seen])
+        seen = unseen.seen
+        xs.append(x[seen]), ys.append(unseen.y[seen]), ws.append(unseen.w[seen])
     x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
     if len(y) < 4 * x.shape[1]:
         return None
