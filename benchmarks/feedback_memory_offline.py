@@ -132,6 +132,8 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
                     help="the candidates the guard's estimate ranks (default: the learner's)")
     ap.add_argument("--memory-guard", choices=("auto", "heldout", "crossfit"), default=None,
                     help="`sieve feedback learn --memory-guard` (default: the learner's)")
+    ap.add_argument("--memory-publish", choices=("refit", "fold"), default=None,
+                    help="`sieve feedback learn --memory-publish` (default: the learner's)")
     ap.add_argument("--noise", choices=("estimated", "off"), default=None,
                     help="`sieve feedback learn --noise` (default: the learner's)")
     ap.add_argument("--estimate", choices=("ips", "dr"), default=None,
@@ -142,11 +144,12 @@ def run_arguments(description: str) -> argparse.ArgumentParser:
 
 
 def support_kwargs(args) -> dict:
-    """--support, --guard-support, --noise, --doc-related, --memory-guard and --doc-gate as LearnConfig fields (those
-    given)."""
+    """--support, --guard-support, --noise, --doc-related, --memory-guard, --memory-publish and --doc-gate as
+    LearnConfig fields (those given)."""
     out = {k: v for k, v in (("support", args.support), ("guard_support", args.guard_support),
                              ("noise", args.noise), ("doc_related", args.doc_related), ("estimate", args.estimate),
-                             ("memory_guard", getattr(args, "memory_guard", None))) if v}
+                             ("memory_guard", getattr(args, "memory_guard", None)),
+                             ("memory_publish", getattr(args, "memory_publish", None))) if v}
     if hasattr(args, "doc_gate"):
         out["doc_gate"] = args.doc_gate
     return out
@@ -189,8 +192,8 @@ def main() -> None:
            "grid": {"near_min": memory_learn.NEAR_GRID, "near_k": memory_learn.NEAR_K_GRID,
                     "doc_related": memory_learn.DOC_RELATED_GRID},
            "default": round(float(np.mean(list(base["per_query"].values()))), 4),
-           "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "noise", "chosen", "guard", "verdict",
-                                                      "grid")}}
+           "memory": {k: report.get(k) for k in ("answers", "clicked_answers", "noise", "chosen", "judged_fold_chosen",
+                                                      "published", "guard", "verdict", "grid")}}
     if memory is not None:
         forced = {"per_query": ndcgs(lists, data, memory)}
         doc.update({"forced_ndcg@10": round(float(np.mean(list(forced["per_query"].values()))), 4),

@@ -221,10 +221,11 @@ def relevant_by_key(data_train) -> dict[str, set[str]]:
             for q, text in data_train.queries.items()}
 
 
-def memory_ceiling(index: Path, work: Path, data_train, split: str) -> dict:
+def memory_ceiling(index: Path, work: Path, data_train, split: str, extra: tuple = ()) -> dict:
     """The click memory's full-information ceiling: the same impressions the server logged, every shown document
     examined (propensity 1: --eta 0, no swaps copied) and clicked exactly when the train qrels judge it relevant;
-    learned, judged and published by the same command (`--learn memory`)."""
+    learned, judged and published by the same command (`--learn memory`; `extra`: its options that are not the
+    clicks' own, as the learner's run got them)."""
     from sieve.feedback.log import AppendLog, read_records
 
     relevant = relevant_by_key(data_train)
@@ -237,7 +238,7 @@ def memory_ceiling(index: Path, work: Path, data_train, split: str) -> dict:
                   for r in records for d in r["shown"] if d in relevant.get(r["query_key"], ()))
     impressions.close(), events.close()
     (index / "clicks" / "CURRENT").unlink(missing_ok=True)  # judged against the CMC alone, not the click memory
-    return learn(index, 0, split, "memory", ("--feedback-dir", str(root), "--eta", "0"))
+    return learn(index, 0, split, "memory", ("--feedback-dir", str(root), "--eta", "0") + extra)
 
 
 def main() -> None:
@@ -278,6 +279,8 @@ def main() -> None:
                     "the command's)")
     ap.add_argument("--memory-guard", choices=["auto", "heldout", "crossfit"], default=None,
                     help="`sieve feedback learn --memory-guard` (default: the command's)")
+    ap.add_argument("--memory-publish", choices=["refit", "fold"], default=None,
+                    help="`sieve feedback learn --memory-publish` (default: the command's)")
     ap.add_argument("--split", choices=["query", "time"], default="query", help="the learner's held-out split")
     ap.add_argument("--ceiling", action="store_true", help="the full-information ceiling of what --learn learns")
     ap.add_argument("--learn", choices=["both", "cmc", "memory"], default="both", help="what `sieve feedback learn` "
@@ -325,6 +328,7 @@ def main() -> None:
            "propensities": args.propensities, "clip": args.clip, "support": args.support,
            "guard_support": args.guard_support, "doc_gate": args.doc_gate, "noise": args.noise,
            "estimate": args.estimate, "doc_related": args.doc_related, "memory_guard": args.memory_guard,
+           "memory_publish": args.memory_publish,
            "command": " ".join(sys.argv),
            "machine": machine_info(), "load_before": os.getloadavg(), "curve": []}
     server = Served(index, work / "server.log", args.swap, {
@@ -349,7 +353,8 @@ def main() -> None:
                 (("--noise", args.noise) if args.noise else ()) + \
                 (("--estimate", args.estimate) if args.estimate else ()) + \
                 (("--doc-related", str(args.doc_related)) if args.doc_related else ()) + \
-                (("--memory-guard", args.memory_guard) if args.memory_guard else ())
+                (("--memory-guard", args.memory_guard) if args.memory_guard else ()) + \
+                (("--memory-publish", args.memory_publish) if args.memory_publish else ())
             learned = learn(index, args.steps, args.split, args.learn, extra)
             reloaded = reload(server.url)
             reload(judge.url)
@@ -362,7 +367,9 @@ def main() -> None:
             print(json.dumps({k: v for k, v in entry.items() if k != "learn"}), json.dumps(learned.get("guard")),
                   flush=True)
         if args.ceiling and args.learn in ("both", "memory"):
-            doc["memory_ceiling"] = memory_ceiling(index, work, train_data, args.split)
+            doc["memory_ceiling"] = memory_ceiling(index, work, train_data, args.split,
+                                                   ("--memory-publish", args.memory_publish) if args.memory_publish
+                                                   else ())
             reload(judge.url)
             top = evaluate(judge.url, eval_data)
             doc["memory_ceiling"].update({"ndcg@10": top["ndcg@10"], "vs_default": paired(top, base),

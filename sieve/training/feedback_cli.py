@@ -105,6 +105,10 @@ def register(sub) -> None:
                             f"answers, pooled (crossfit: an interval about half as wide, the selection run "
                             f"{int(round(1 / d.heldout))} times); auto: crossfit up to "
                             f"{d.crossfit_max_answers:,} clicked answers, else heldout (default: {d.memory_guard})")
+    learn.add_argument("--memory-publish", choices=["refit", "fold"], default=d.memory_publish,
+                       help="with the cross-fitted guard, the click memory published: the procedure it judged applied "
+                            "to every answer (refit: the held-out share's clicks counted too) or the memory made "
+                            f"without the first share, judged on it (fold; default: {d.memory_publish})")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
@@ -167,6 +171,7 @@ def learn(args, settings) -> int:
                       min_heldout=args.min_heldout, seed=args.seed, propensities=args.propensities,
                       support=args.support, guard_support=args.guard_support, doc_gate=args.doc_gate,
                       noise=args.noise, doc_related=args.doc_related, memory_guard=args.memory_guard,
+                      memory_publish=args.memory_publish,
                       estimate=args.estimate)
     if cfg.estimate == "dr" and cfg.support == "shown":
         raise SystemExit("--support shown leaves out the candidates no answer of their query showed, which the "

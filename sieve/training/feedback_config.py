@@ -53,3 +53,7 @@ class LearnConfig:
     # (the selection would run five times over a log that large)
     memory_guard: str = "auto"
     crossfit_max_answers: int = 50_000
+    # with the cross-fitted guard, the memory published: "refit" (the procedure the guard judged, applied to every
+    # answer: memory_learn.refit; the default since RESULTS.md, issue 33, thirty-second session) or "fold" (the one it
+    # made without the first share's queries, judged on them)
+    memory_publish: str = "refit"

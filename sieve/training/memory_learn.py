@@ -31,8 +31,11 @@ with the memory counted from the others (`selection_folds`). The memory counted 
 weights is then judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by
 default; feedback_learn.compare: the IPS-DCG difference with its 95% bootstrap interval, on at least `min_heldout`
 answers; `memory_verdict`: the first memory must clearly beat the served ranking, as a CMC must; an update must clearly
-beat the ranking without a memory and not be below the served memory) and published only then: the memory judged is the
-memory published.
+beat the ranking without a memory and not be below the served memory) and published only then: with the held-out
+guard the memory judged is the memory published. The cross-fitted guard (`crossfit`, the default up to
+`crossfit_max_answers`) judges the procedure instead, every share of the queries with the memory it makes from the
+others, and then publishes (`cfg.memory_publish` "refit", the default) the memory that procedure makes from every
+answer (`refit`), which no held-out answer judged: cross-validation's refit, so the held-out share's clicks count too.
 """
 from __future__ import annotations
 
@@ -465,8 +468,34 @@ def learn_memory(cfg, logs, props, index, served_scores, served_memory, clip: fl
     if refused:
         report["not_installed"] = refused
         return None, report
+    if report["guard"]["kind"] == "crossfit" and cfg.memory_publish == "refit":
+        memory = refit(work, answers, entries, report)
+        if memory is None or not (memory.w_query or memory.w_doc or memory.w_near):
+            report["not_installed"] = "refitted on every answer, no memory weight beat the ranking without a memory"
+            return None, report
+        report["entries"] = len(memory)
     memory.about["guard"] = report["guard"]
     return memory, report
+
+
+def refit(work: Fitting, answers: list[Shown], entries: list[Entry], report: dict) -> ClickMemory | None:
+    """The cross-fitted guard's procedure applied to every answer (`cfg.memory_publish` "refit"): the weights selected
+    on `memory_folds` folds of all the queries, the memory counted from all the answers. The guard judged this
+    procedure on every share of the queries with the memory it made from the other shares; the memory it makes from
+    all of them is the one published (cross-validation's refit: the held-out share's clicks are counted too, instead
+    of only judging). `report` keeps fold 0's choice as `judged_fold_chosen` and takes the refit's."""
+    cfg = work.cfg
+    fold = functools.partial(all_fold, cfg=cfg)
+    judged = drawn(entries, fold, cfg)
+    if not any(judged):
+        judged[0] = [e for e in entries if fold(e.key) == 0]
+    folds = query_folds(answers, judged, fold, work.score)
+    if not folds:
+        return None
+    report["judged_fold_chosen"] = report.get("chosen")
+    memory, _ = work.fit(answers, folds, answers, report)
+    report["published"] = memory.about["published"] = "refit on every answer"
+    return memory
 
 
 @dataclass
@@ -579,6 +608,11 @@ def guard_fold(key: str, cfg) -> int:
     return min(int(bucket(key) / cfg.heldout), guard_folds(cfg) - 1)
 
 
+def all_fold(key: str, cfg) -> int:
+    """A query's selection fold when every query selects (`refit`): its place in [0, 1) cut into cfg.memory_folds."""
+    return min(int(bucket(key) * cfg.memory_folds), cfg.memory_folds - 1)
+
+
 def inner_fold(key: str, g: int, cfg) -> int:
     """A query's selection fold when guard fold `g` is judged: the other guard folds' queries cut into
     cfg.memory_folds folds by their place in [0, 1) with g's share taken out; for g = 0 (the held-out share) the
@@ -596,8 +630,10 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
     with the memory the same procedure (selection on inner folds of the other queries, counting) makes from the
     other folds' answers; the guard's interval is over every fold's answers pooled, so all the clicked answers
     judge instead of one share (an interval about half as wide: RESULTS.md, twenty-sixth session). The memory
-    published is fold 0's, the one the held-out guard would judge and publish: the guard judges the procedure that
-    made it, each time on queries it never saw. Selection runs once per fold instead of once."""
+    returned is fold 0's, the one the held-out guard would judge and publish (memory_verdict also requires it not to
+    be below the served ranking on its own fold): the guard judges the procedure that made it, each time on queries
+    it never saw. learn_memory publishes it with `cfg.memory_publish` "fold", else the procedure's memory from every
+    answer (`refit`). Selection runs once per fold instead of once."""
     cfg = work.cfg
     folds_n = guard_folds(cfg)
 

@@ -321,7 +321,8 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
     from sieve.training.memory_learn import learn_memory
 
     index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
+                      memory_publish="fold")
     logs = variant_logs(docs, queries, index, 1800, seed=4)
     score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
     memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
@@ -339,6 +340,36 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
     assert held_report["guard"]["heldout_answers"] == guard["crossfit_folds"][0]["answers"]
     width = lambda g: g["interval"][1] - g["interval"][0]  # noqa: E731
     assert width(guard) < width(held_report["guard"])
+
+
+def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(world):
+    """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds, the same
+    interval), and the memory published is that procedure applied to every answer: the held-out share's queries are
+    remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing either way."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import guard_fold, learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
+                      memory_publish="fold")
+    logs = variant_logs(docs, queries, index, 1800, seed=4)
+    score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
+    fold, fold_report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
+    refitted, report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), logs, propensity.default(),
+                                    index, score, None, 20.0)
+    assert fold is not None and refitted is not None, report.get("not_installed")
+    assert report["guard"] == fold_report["guard"]
+    assert report["published"] == refitted.about["published"] == "refit on every answer"
+    assert report["judged_fold_chosen"] == fold_report["chosen"] and "published" not in fold_report
+    assert refitted.about["answers"] == len(logs.answers()) > fold.about["answers"]
+    held_out = {key for key in refitted.pairs if guard_fold(key, cfg) == 0}
+    assert held_out and not held_out & set(fold.pairs)
+    assert refitted.w_near > 0
+    adversarial = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
+    refused, refused_report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), adversarial,
+                                           propensity.default(), index, score, None, 20.0)
+    assert refused is None and "published" not in refused_report
 
 
 def test_the_crossfit_guard_selects_on_one_inner_fold_when_the_cap_draws_no_query(world):
