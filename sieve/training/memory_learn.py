@@ -322,10 +322,10 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     the served memory (difference >= 0): the estimate favours the served memory (what it promoted was shown high and
     clicked; what it demoted was seldom shown), so requiring it to be clearly beaten would stop the memory improving
     once one is served (RESULTS.md, the head-query runs). With the cross-fitted guard the intervals are over every
-    fold's answers, and the memory published must also not be below the served ranking (nor, for an update, the
-    ranking without a memory) on its own held-out answers (fold 0): the pooled folds judge the procedure, this judges
-    the memory."""
-    own = guard.get("published_fold")  # the cross-fitted guard: the published memory on its own held-out answers
+    fold's answers, and fold 0's memory must also not be below the served ranking (nor, for an update, the ranking
+    without a memory) on its own held-out answers: the pooled folds judge the procedure, this judges the memory
+    `--memory-publish fold` publishes (with "refit", the procedure's one instance judged on the held-out share)."""
+    own = guard.get("published_fold")  # the cross-fitted guard: fold 0's memory on its own held-out answers
     if own is not None:
         below = "served" if own["delta"] is None or own["delta"] < 0 else \
             "without a click memory" if own.get("vs_no_memory", 0.0) < 0 else None

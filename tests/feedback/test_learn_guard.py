@@ -343,9 +343,9 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
 
 
 def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(world):
-    """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds, the same
-    interval), and the memory published is that procedure applied to every answer: the held-out share's queries are
-    remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing either way."""
+    """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds,
+    the same interval), and the memory published is that procedure applied to every answer: the held-out share's
+    queries are remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing."""
     from sieve.training.feedback_config import LearnConfig
     from sieve.training.feedback_learn import Vectors, scores_of
     from sieve.training.memory_learn import guard_fold, learn_memory
