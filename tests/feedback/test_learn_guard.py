@@ -310,21 +310,28 @@ def variant_logs(docs, queries, index, sessions: int, seed: int, adversarial=lam
     return Logs(impressions, events)
 
 
+def crossfit_reworded(world):
+    """(index, config, logs, scorer) of the cross-fitted guard's tests: split by query, the first share's memory
+    published (`fold`), clicks on reworded queries (variant_logs, seed 4)."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
+                      memory_publish="fold")
+    logs = variant_logs(docs, queries, index, 1800, seed=4)
+    return index, cfg, logs, lambda lists: scores_of(served, lists, Vectors(index, lists))
+
+
 def test_the_crossfit_guard_judges_every_clicked_answer(world):
     """Split by query with the cross-fitted guard, every clicked answer is judged once, by a memory counted without
     its query's answers (the verdict is memory_verdict's, as for the held-out guard: the adversarial tests above):
     clicks on reworded queries are published (the near term carries them to the other phrasing), every fold's
     answers pooled; the memory published is the one the held-out guard judges (the same weights), on an interval
     that is narrower."""
-    from sieve.training.feedback_config import LearnConfig
-    from sieve.training.feedback_learn import Vectors, scores_of
     from sieve.training.memory_learn import learn_memory
 
-    index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
-                      memory_publish="fold")
-    logs = variant_logs(docs, queries, index, 1800, seed=4)
-    score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
+    index, cfg, logs, score = crossfit_reworded(world)
     memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
     guard = report["guard"]
     clicked = len(logs.entries(propensity.default(), 20.0)[0])
@@ -346,15 +353,10 @@ def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(worl
     """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds,
     the same interval), and the memory published is that procedure applied to every answer: the held-out share's
     queries are remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing."""
-    from sieve.training.feedback_config import LearnConfig
-    from sieve.training.feedback_learn import Vectors, scores_of
     from sieve.training.memory_learn import guard_fold, learn_memory
 
-    index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
-                      memory_publish="fold")
-    logs = variant_logs(docs, queries, index, 1800, seed=4)
-    score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
+    index, cfg, logs, score = crossfit_reworded(world)
+    docs, queries = world[2], world[3]
     fold, fold_report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
     refitted, report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), logs, propensity.default(),
                                     index, score, None, 20.0)
