@@ -484,18 +484,26 @@ def refit(work: Fitting, answers: list[Shown], entries: list[Entry], report: dic
     procedure on every share of the queries with the memory it made from the other shares; the memory it makes from
     all of them is the one published (cross-validation's refit: the held-out share's clicks are counted too, instead
     of only judging). `report` keeps fold 0's choice as `judged_fold_chosen` and takes the refit's."""
-    cfg = work.cfg
-    fold = functools.partial(all_fold, cfg=cfg)
-    judged = drawn(entries, fold, cfg)
-    if not any(judged):
-        judged[0] = [e for e in entries if fold(e.key) == 0]
-    folds = query_folds(answers, judged, fold, work.score)
-    if not folds:
+    chosen = report.get("chosen")
+    made = procedure(work, answers, entries, functools.partial(all_fold, cfg=work.cfg), report)
+    if made is None:
         return None
-    report["judged_fold_chosen"] = report.get("chosen")
-    memory, _ = work.fit(answers, folds, answers, report)
+    memory = made[0]
+    report["judged_fold_chosen"] = chosen
     report["published"] = memory.about["published"] = "refit on every answer"
     return memory
+
+
+def procedure(work: Fitting, answers: list[Shown], entries: list[Entry], fold, into: dict | None
+              ) -> tuple[ClickMemory, Noise | None] | None:
+    """The memory the cross-fitted procedure makes from `answers`: weights selected on the selection folds `fold(key)`
+    cuts their queries into (judged on `entries` drawn under the cap; one fold when the cap draws none), counted from
+    all of `answers`. None: no fold has a clicked answer to select on."""
+    judged = drawn(entries, fold, work.cfg)
+    if not any(judged):  # a few queries with many answers each, none drawn under the cap: one inner fold judges
+        judged[0] = [e for e in entries if fold(e.key) == 0]
+    folds = query_folds(answers, judged, fold, work.score)
+    return work.fit(answers, folds, answers, into) if folds else None
 
 
 @dataclass
@@ -637,22 +645,17 @@ def crossfit(work: Fitting, answers: list[Shown], entries: list[Entry], guarded:
     cfg = work.cfg
     folds_n = guard_folds(cfg)
 
-    def procedure(g: int, into: dict | None) -> tuple[ClickMemory, Noise | None] | None:
+    def made_without(g: int, into: dict | None) -> tuple[ClickMemory, Noise | None] | None:
         """Fold g's memory (None: the other folds have no clicked answer to select on)."""
-        rest = [a for a in answers if guard_fold(a.key, cfg) != g]
-        rest_entries = [e for e in entries if guard_fold(e.key, cfg) != g]
-        fold = functools.partial(inner_fold, g=g, cfg=cfg)
-        judged = drawn(rest_entries, fold, cfg)
-        if not any(judged):  # a few queries with many answers each, none drawn under the cap: one inner fold judges
-            judged[0] = [e for e in rest_entries if fold(e.key) == 0]
-        folds = query_folds(rest, judged, fold, work.score)
-        return work.fit(rest, folds, rest, into) if folds else None
+        return procedure(work, [a for a in answers if guard_fold(a.key, cfg) != g],
+                         [e for e in entries if guard_fold(e.key, cfg) != g],
+                         functools.partial(inner_fold, g=g, cfg=cfg), into)
 
     pooled: dict[str, list[np.ndarray]] = {}
     per_fold = []
     published = None
     for g in tqdm(range(folds_n), desc="click memory, cross-fitted guard", unit="fold", leave=False):
-        made = procedure(g, report if g == 0 else None)
+        made = made_without(g, report if g == 0 else None)
         if made is None:
             continue
         memory, noise = made
