@@ -36,3 +36,14 @@ def test_a_tree_with_uncommitted_changes_says_which(tmp_path):
     (tmp_path / "a.py").write_text("x = 2\n")
     (tmp_path / "new.py").write_text("")  # untracked: not the measured tree's business
     assert tree_state(tmp_path) == (commit, ["a.py"])
+
+
+def test_a_variant_is_one_more_single_worker_side_with_its_own_settings():
+    from benchmarks.overhead import parse_args, sides_of
+
+    args = parse_args(["--variant", "serial:TOKENIZERS_PARALLELISM=false,SIEVE_BATCH_MAX_WAIT_MS=2"])
+    sides = {side.name: side for side in sides_of("zero_cost", args)}
+    serial = sides["this-1w-serial"]
+    assert serial.workers == 1 and serial.zero_cost
+    assert serial.env == {"TOKENIZERS_PARALLELISM": "false", "SIEVE_BATCH_MAX_WAIT_MS": "2"}
+    assert sides["this-1w"].env == {}
