@@ -367,7 +367,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="start each side's server for its block and stop it "
                         "after, so one server at a time is up (idle servers' watches react to the others' load and "
                         "hold CPU claims); --settle then waits after each start")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+    parser.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                         help="zero_cost: also 1 worker of this tree with these environment settings, as side "
                         "this-1w-NAME (repeatable): an A/B of a setting in one interleaved run")
     parser.add_argument("--sides", help="only these sides, by name (this-1w,main,this-2w,...): fewer servers on the host")
@@ -384,6 +384,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.duration, args.warmup, args.rounds = 5.0, 1.0, 1
     return args
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """--variant NAME:KEY=VALUE[,KEY=VALUE] -> (NAME, {KEY: VALUE})."""
+    name, _, settings = text.partition(":")
+    pairs = [kv.partition("=") for kv in settings.split(",")]
+    if not name or not settings or any(not key or not sep for key, sep, _ in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+    return name, {key: value for key, _, value in pairs}
 
 
 def sides_of(section_name: str, args) -> list[Side]:
@@ -405,8 +414,7 @@ def sides_of(section_name: str, args) -> list[Side]:
         one_socket = [Side("this-2w-shared", REPO, 2, True, shared),
                       *([] if args.unpinned else [Side("this-2w-interp", REPO, 2, True, interp)]),
                       Side("this-2w-interp-shared", REPO, 2, True, {**interp, **shared})] if args.shared_socket else []
-        variants = [Side(f"this-1w-{name}", REPO, 1, True, dict(kv.split("=", 1) for kv in settings.split(",")))
-                    for name, settings in (v.split(":", 1) for v in args.variant)]
+        variants = [Side(f"this-1w-{name}", REPO, 1, True, settings) for name, settings in args.variant]
         return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter,
                 *unpinned, *watchless, *faiss_flat, *one_socket, *variants]
     sides = []

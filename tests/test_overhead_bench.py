@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from benchmarks.overhead import paired_ratios, tree_state, verdict
 
 
@@ -47,3 +49,6 @@ def test_a_variant_is_one_more_single_worker_side_with_its_own_settings():
     assert serial.workers == 1 and serial.zero_cost
     assert serial.env == {"TOKENIZERS_PARALLELISM": "false", "SIEVE_BATCH_MAX_WAIT_MS": "2"}
     assert sides["this-1w"].env == {}
+    for wrong in ("serial", "serial:", "serial:TOKENIZERS_PARALLELISM", ":A=1"):
+        with pytest.raises(SystemExit):
+            parse_args(["--variant", wrong])
