@@ -310,20 +310,43 @@ def variant_logs(docs, queries, index, sessions: int, seed: int, adversarial=lam
     return Logs(impressions, events)
 
 
+@pytest.fixture(scope="module")
 def crossfit_reworded(world):
-    """(index, config, logs, scorer) of the cross-fitted guard's tests: split by query, the first share's memory
-    published (`fold`), clicks on reworded queries (variant_logs, seed 4)."""
+    """(index, config, logs, scorer, memory, report) of the cross-fitted guard's tests: split by query, the first
+    share's memory published (`fold`), clicks on reworded queries (variant_logs, seed 4); memory and report are that
+    configuration's learn, made once for the tests that read it."""
     from sieve.training.feedback_config import LearnConfig
     from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import learn_memory
 
     index, served, docs, queries = world
     cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
                       memory_publish="fold")
     logs = variant_logs(docs, queries, index, 1800, seed=4)
-    return index, cfg, logs, lambda lists: scores_of(served, lists, Vectors(index, lists))
+    score = lambda lists: scores_of(served, lists, Vectors(index, lists))  # noqa: E731
+    memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
+    return index, cfg, logs, score, memory, report
 
 
-def test_the_crossfit_guard_judges_every_clicked_answer(world):
+@pytest.fixture(scope="module")
+def adversarial_elsewhere(world):
+    """(config, logs, memory, report): the users of the cross-fitted guard's held-out share (fold 0) want the
+    document ranked third, every other user clicks the lowest shown one (variant_logs, seed 5); the default
+    publication (refit), learned once for the tests that read it."""
+    from sieve.training.feedback_config import LearnConfig
+    from sieve.training.feedback_learn import Vectors, scores_of
+    from sieve.training.memory_learn import guard_fold, learn_memory
+
+    index, served, docs, queries = world
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
+    assert cfg.memory_publish == "refit"
+    logs = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
+    memory, report = learn_memory(cfg, logs, propensity.default(), index,
+                                  lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+    return cfg, logs, memory, report
+
+
+def test_the_crossfit_guard_judges_every_clicked_answer(crossfit_reworded):
     """Split by query with the cross-fitted guard, every clicked answer is judged once, by a memory counted without
     its query's answers (the verdict is memory_verdict's, as for the held-out guard: the adversarial tests above):
     clicks on reworded queries are published (the near term carries them to the other phrasing), every fold's
@@ -331,8 +354,7 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
     that is narrower."""
     from sieve.training.memory_learn import learn_memory
 
-    index, cfg, logs, score = crossfit_reworded(world)
-    memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
+    index, cfg, logs, score, memory, report = crossfit_reworded
     guard = report["guard"]
     clicked = len(logs.entries(propensity.default(), 20.0)[0])
     assert guard["kind"] == "crossfit"
@@ -349,15 +371,14 @@ def test_the_crossfit_guard_judges_every_clicked_answer(world):
     assert width(guard) < width(held_report["guard"])
 
 
-def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(world):
+def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(crossfit_reworded,
+                                                                           adversarial_elsewhere):
     """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds,
     the same interval), and the memory published is that procedure applied to every answer: the held-out share's
     queries are remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing."""
     from sieve.training.memory_learn import guard_fold, learn_memory
 
-    index, cfg, logs, score = crossfit_reworded(world)
-    docs, queries = world[2], world[3]
-    fold, fold_report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
+    index, cfg, logs, score, fold, fold_report = crossfit_reworded
     refitted, report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), logs, propensity.default(),
                                     index, score, None, 20.0)
     assert fold is not None and refitted is not None, report.get("not_installed")
@@ -368,9 +389,8 @@ def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(worl
     held_out = {key for key in refitted.pairs if guard_fold(key, cfg) == 0}
     assert held_out and not held_out & set(fold.pairs)
     assert refitted.w_near > 0
-    adversarial = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
-    refused, refused_report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), adversarial,
-                                           propensity.default(), index, score, None, 20.0)
+    refused_cfg, _, refused, refused_report = adversarial_elsewhere
+    assert dataclasses.replace(cfg, memory_publish="refit") == refused_cfg
     assert refused is None and "published" not in refused_report
 
 
@@ -392,20 +412,12 @@ def test_the_crossfit_guard_selects_on_one_inner_fold_when_the_cap_draws_no_quer
     assert report["grid"][0]["folds"] == 1
 
 
-def test_the_crossfit_guard_refuses_a_memory_its_own_heldout_answers_judge_worse(world):
+def test_the_crossfit_guard_refuses_a_memory_its_own_heldout_answers_judge_worse(adversarial_elsewhere):
     """The users of the held-out share's queries (guard fold 0) want the document ranked third, every other user
     clicks the lowest shown one: the memory to publish (counted from the other folds) learned those clicks and is
     refused on its own held-out answers, though the memories made the same way for the other folds agree with
     theirs (the pooled estimate alone would publish it)."""
-    from sieve.training.feedback_config import LearnConfig
-    from sieve.training.feedback_learn import Vectors, scores_of
-    from sieve.training.memory_learn import guard_fold, learn_memory
-
-    index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
-    logs = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
-    memory, report = learn_memory(cfg, logs, propensity.default(), index,
-                                  lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+    _, _, memory, report = adversarial_elsewhere
     guard = report["guard"]
     assert memory is None
     assert report["chosen"]["w_near"] > 0 or report["chosen"]["w_doc"] > 0  # it learned them: not a trivial refusal
