@@ -191,14 +191,20 @@ def test_the_memory_update_rule():
     first = {k: v for k, v in level.items() if k != "vs_no_memory"}
     assert "not better than the served model" in memory_verdict(first, cfg)
     assert memory_verdict({**first, "interval": [0.001, 0.03]}, cfg) is None
-    # the cross-fitted guard: the published memory must also not be below on its own fold's answers
+    # the cross-fitted guard publishing fold 0's memory: it must also not be below on its own fold's answers
+    fold = LearnConfig(min_heldout=50, memory_publish="fold")
     own = {"fold": 0, "answers": 90, "delta": 0.002, "vs_no_memory": 0.1}
-    assert memory_verdict({**level, "published_fold": own}, cfg) is None
-    assert "below the ranking served on its own" in memory_verdict({**level, "published_fold": {**own, "delta": -0.001}}, cfg)
-    assert "without a click memory on its own" in memory_verdict(
-        {**level, "published_fold": {**own, "vs_no_memory": -0.01}}, cfg)
-    assert "on its own" in memory_verdict({**first, "interval": [0.001, 0.03],
-                                           "published_fold": {"fold": 0, "answers": 0, "delta": None}}, cfg)
+    below, unclear_own = {**own, "delta": -0.001}, {**own, "vs_no_memory": -0.01}
+    nothing = {"fold": 0, "answers": 0, "delta": None}
+    assert memory_verdict({**level, "published_fold": own}, fold) is None
+    assert "below the ranking served on its own" in memory_verdict({**level, "published_fold": below}, fold)
+    assert "without a click memory on its own" in memory_verdict({**level, "published_fold": unclear_own}, fold)
+    assert "on its own" in memory_verdict({**first, "interval": [0.001, 0.03], "published_fold": nothing}, fold)
+    # refit (the default) publishes a memory made from every answer: the pooled folds decide, fold 0's alone does not
+    assert cfg.memory_publish == "refit"
+    for own_fold in (own, below, unclear_own, nothing):
+        assert memory_verdict({**level, "published_fold": own_fold}, cfg) is None
+        assert "not better than the served model" in memory_verdict({**first, "published_fold": own_fold}, cfg)
 
 
 def test_selection_folds_judge_each_query_with_a_memory_counted_without_it():
@@ -331,15 +337,15 @@ def crossfit_reworded(world):
 @pytest.fixture(scope="module")
 def adversarial_elsewhere(world):
     """(config, logs, memory, report): the users of the cross-fitted guard's held-out share (fold 0) want the
-    document ranked third, every other user clicks the lowest shown one (variant_logs, seed 5); the default
-    publication (refit), learned once for the tests that read it."""
+    document ranked third, every other user clicks the lowest shown one (variant_logs, seed 5); fold 0's memory
+    published (`fold`), learned once for the tests that read it."""
     from sieve.training.feedback_config import LearnConfig
     from sieve.training.feedback_learn import Vectors, scores_of
     from sieve.training.memory_learn import guard_fold, learn_memory
 
     index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off")
-    assert cfg.memory_publish == "refit"
+    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
+                      memory_publish="fold")
     logs = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
     memory, report = learn_memory(cfg, logs, propensity.default(), index,
                                   lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
@@ -375,12 +381,15 @@ def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(cros
                                                                            adversarial_elsewhere):
     """--memory-publish refit (the default): the cross-fitted guard judges the procedure as before (the same folds,
     the same interval), and the memory published is that procedure applied to every answer: the held-out share's
-    queries are remembered too, where fold 0's memory cannot know them. A refused procedure publishes nothing."""
+    queries are remembered too, where fold 0's memory cannot know them. Fold 0's own estimate does not decide (no
+    fold's memory is the one published): where the held-out share's users want other documents than everyone
+    else's, `fold` is refused and the refit, which counts their clicks too, is published on the same pooled
+    interval (test_the_memory_update_rule: what that interval refuses, refit or not)."""
     from sieve.training.memory_learn import guard_fold, learn_memory
 
     index, cfg, logs, score, fold, fold_report = crossfit_reworded
-    refitted, report = learn_memory(dataclasses.replace(cfg, memory_publish="refit"), logs, propensity.default(),
-                                    index, score, None, 20.0)
+    refit = dataclasses.replace(cfg, memory_publish="refit")
+    refitted, report = learn_memory(refit, logs, propensity.default(), index, score, None, 20.0)
     assert fold is not None and refitted is not None, report.get("not_installed")
     assert report["guard"] == fold_report["guard"]
     assert report["published"] == refitted.about["published"] == "refit on every answer"
@@ -389,9 +398,14 @@ def test_the_refit_publishes_the_judged_procedure_counted_from_every_answer(cros
     held_out = {key for key in refitted.pairs if guard_fold(key, cfg) == 0}
     assert held_out and not held_out & set(fold.pairs)
     assert refitted.w_near > 0
-    refused_cfg, _, refused, refused_report = adversarial_elsewhere
-    assert dataclasses.replace(cfg, memory_publish="refit") == refused_cfg
-    assert refused is None and "published" not in refused_report
+
+    fold_cfg, elsewhere, refused_fold, refused_fold_report = adversarial_elsewhere
+    assert refused_fold is None and dataclasses.replace(fold_cfg, memory_publish="refit") == refit
+    published, published_report = learn_memory(refit, elsewhere, propensity.default(), index, score, None, 20.0)
+    assert published_report["guard"] == refused_fold_report["guard"]
+    assert published_report["guard"]["published_fold"]["delta"] < 0 < published_report["guard"]["interval"][0]
+    assert published is not None, published_report.get("not_installed")
+    assert {key for key in published.pairs if guard_fold(key, cfg) == 0}  # the held-out share's users count too
 
 
 def test_the_crossfit_guard_selects_on_one_inner_fold_when_the_cap_draws_no_query(world):
