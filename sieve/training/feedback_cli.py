@@ -107,8 +107,9 @@ def register(sub) -> None:
                             f"{d.crossfit_max_answers:,} clicked answers, else heldout (default: {d.memory_guard})")
     learn.add_argument("--memory-publish", choices=["refit", "fold"], default=d.memory_publish,
                        help="with the cross-fitted guard, the click memory published: the procedure it judged applied "
-                            "to every answer (refit: the held-out share's clicks counted too) or the memory made "
-                            f"without the first share, judged on it (fold; default: {d.memory_publish})")
+                            "to every answer (refit: the held-out share's clicks counted too; the pooled interval "
+                            "decides) or the memory made without the first share, which must also not be below the "
+                            f"served ranking on that share (fold; default: {d.memory_publish})")
     learn.add_argument("--heldout", type=float, default=d.heldout, help="share of queries held out for the guard")
     learn.add_argument("--split", choices=["query", "time"], default=d.split,
                        help="hold out whole queries (default) or the latest answers (a log whose queries repeat)")
