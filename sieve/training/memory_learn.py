@@ -326,7 +326,7 @@ def memory_verdict(guard: dict, cfg) -> str | None:
     published, must also not be below the served ranking (nor, for an update, the ranking without a memory) on its
     own held-out answers. With "refit" the memory published is made from every answer, fold 0's included, so no fold
     has a memory of its own to judge: one fold's point estimate is noise beside the pooled interval (it refused a
-    memory worth +0.010 nDCG@10 on NFCorpus dev at -0.00001, the other folds' up to +0.10: RESULTS.md,
+    memory worth +0.0095 nDCG@10 on NFCorpus dev at -0.00001, the other folds' up to +0.10: RESULTS.md,
     thirty-fourth session)."""
     own = guard.get("published_fold")  # the cross-fitted guard: fold 0's memory on its own held-out answers
     if own is not None and cfg.memory_publish == "fold":
