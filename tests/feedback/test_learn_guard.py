@@ -427,9 +427,9 @@ def test_the_crossfit_guard_selects_on_one_inner_fold_when_the_cap_draws_no_quer
 
 
 def test_the_crossfit_guard_refuses_a_memory_its_own_heldout_answers_judge_worse(adversarial_elsewhere):
-    """The users of the held-out share's queries (guard fold 0) want the document ranked third, every other user
-    clicks the lowest shown one: the memory to publish (counted from the other folds) learned those clicks and is
-    refused on its own held-out answers, though the memories made the same way for the other folds agree with
+    """With `--memory-publish fold`: the users of the held-out share's queries (guard fold 0) want the document
+    ranked third, every other user clicks the lowest shown one: the memory to publish (counted from the other folds)
+    learned those clicks and is refused on its own held-out answers, though the memories made the same way for the other folds agree with
     theirs (the pooled estimate alone would publish it)."""
     _, _, memory, report = adversarial_elsewhere
     guard = report["guard"]
