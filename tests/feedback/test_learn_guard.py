@@ -335,20 +335,16 @@ def crossfit_reworded(world):
 
 
 @pytest.fixture(scope="module")
-def adversarial_elsewhere(world):
+def adversarial_elsewhere(world, crossfit_reworded):
     """(config, logs, memory, report): the users of the cross-fitted guard's held-out share (fold 0) want the
-    document ranked third, every other user clicks the lowest shown one (variant_logs, seed 5); fold 0's memory
-    published (`fold`), learned once for the tests that read it."""
-    from sieve.training.feedback_config import LearnConfig
-    from sieve.training.feedback_learn import Vectors, scores_of
+    document ranked third, every other user clicks the lowest shown one (variant_logs, seed 5); crossfit_reworded's
+    configuration and scorer (fold 0's memory published, `fold`), learned once for the tests that read it."""
     from sieve.training.memory_learn import guard_fold, learn_memory
 
-    index, served, docs, queries = world
-    cfg = LearnConfig(depth=30, split="query", memory_guard="crossfit", min_heldout=20, noise="off",
-                      memory_publish="fold")
+    _, _, docs, queries = world
+    index, cfg, _, score, _, _ = crossfit_reworded
     logs = variant_logs(docs, queries, index, 1800, seed=5, adversarial=lambda key: guard_fold(key, cfg) != 0)
-    memory, report = learn_memory(cfg, logs, propensity.default(), index,
-                                  lambda lists: scores_of(served, lists, Vectors(index, lists)), None, 20.0)
+    memory, report = learn_memory(cfg, logs, propensity.default(), index, score, None, 20.0)
     return cfg, logs, memory, report
 
 
