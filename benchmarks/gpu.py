@@ -7,12 +7,12 @@ Sections (--sections, in this order; each server is started, measured and stoppe
   micro    cross-encoder forward alone (100 / 512 pairs) and its tokenization, CMC forward vs K 512 / 10,000 / 16,384,
            FAISS vs the device's flat search, the start-up calibration and the limits it puts in force
   serve    the default /search (hybrid -> CMC over 512, top_k 10) at 1 / 16 / 64 clients with per-stage means from
-           /metrics; /rerank of 100 documents with the cross-encoder at 1 and 8 clients (pairs/s); /search with
+           /metrics; the same with the cross-encoder on the top 16 at 16 and 64 clients; /rerank of 100 documents with the cross-encoder at 1 and 8 clients (pairs/s); /search with
            CMC over 16,384 candidates (retriever be), p50 at one client
   papercmc the paper-style CMC (two attention layers; the shipped default is an MLP over the evidence, which costs
            nothing at any K): /search retriever be -> CMC over 512 at 1 and 16 clients, over 16,384 at 1
   nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
-  cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 clients, /rerank 100 at 1: the ratios
+  cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 and 64 clients, /rerank 100 at 1: the ratios
   workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients
            (the other sections run SIEVE_WORKERS unset: the automatic count, which /readyz `workers` records)
 
@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "workers")
 DEFAULT = {}  # the default /search: the server's retriever, reranker and top_k 10
+DEFAULT_CE = {"cross_encoder": True, "cmc_k": 16}  # the default /search with the cross-encoder on its top 16
 BE_CMC = {"retriever": "be", "rerank": "cmc", "cross_encoder": False}  # retrieve_k 512 by default
 BE_CMC_16384 = {**BE_CMC, "retrieve_k": 16384}
 
@@ -290,6 +291,8 @@ def ratios(run: Run) -> dict:
 
     out = {"search_16_device_over_cpu": ratio(find("device", "default", 16, "ok_qps"),
                                               find("cpu", "default", 16, "ok_qps")),
+           "search_64_device_over_cpu": ratio(find("device", "default", 64, "ok_qps"),
+                                              find("cpu", "default", 64, "ok_qps")),
            "rerank100_1_device_over_cpu": ratio(find("device", "rerank-ce-100", 1, "pairs_per_s"),
                                                 find("cpu", "rerank-ce-100", 1, "pairs_per_s")),
            "search_16_batching_over_none": ratio(find("device", "default", 16, "ok_qps"),
@@ -345,6 +348,7 @@ def main(argv=None) -> None:
     if "serve" in sections:
         serve_section(run, args, "device", args.device, [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (1, 16, 64)],
+            *[("default-ce16", "/search", searches(queries, DEFAULT_CE), c, 1) for c in (16, 64)],
             *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), c, 100) for c in (1, 8)],
             ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)])
     if "papercmc" in sections:
@@ -356,7 +360,8 @@ def main(argv=None) -> None:
         serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), 16, 1)],
                       {"SIEVE_BATCHING": "false"})
     if "cpu" in sections:
-        serve_section(run, args, "cpu", "cpu", [("default", "/search", searches(queries, DEFAULT), 16, 1),
+        serve_section(run, args, "cpu", "cpu", [
+            *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)],
                                                 ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)])
     if "workers" in sections:
         for n in (int(w) for w in args.workers.split(",") if w):
