@@ -2,7 +2,7 @@
 loopback, plus in-process kernel figures (benchmarks/gpu_micro.py), written to benchmarks/results/gpu_<device>.json
 (the device, CPU count, versions) after every cell, so a run cut short keeps what it measured.
 
-Sections (--sections, in this order; each server is started, measured and stopped on its own):
+Sections (--sections, run in the order given; each server is started, measured and stopped on its own):
   build    `sieve index build` of the corpus (SciFact x --reps, ids suffixed) on the device: documents per second
   micro    cross-encoder forward alone (100 / 512 pairs) and its tokenization, CMC forward vs K 512 / 10,000 / 16,384,
            FAISS vs the device's flat search, the start-up calibration and the limits it puts in force
@@ -341,32 +341,31 @@ def main(argv=None) -> None:
                "benchmarks/gpu.py on a CUDA machine", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": meta})
     queries, docs = texts(args.queries, 300), texts(args.corpus, 2000)
-    if "build" in sections:
-        build_section(run, args)
-    if "micro" in sections:
-        micro_section(run, args)
-    if "serve" in sections:
-        serve_section(run, args, "device", args.device, [
+    paper = str(args.models / "cmc") if args.models else "shipped:cmc"
+    workers = [int(w) for w in args.workers.split(",") if w]
+    steps = {  # run in the order --sections names them, so a run cut short has measured what came first
+        "build": lambda: build_section(run, args),
+        "micro": lambda: micro_section(run, args),
+        "serve": lambda: serve_section(run, args, "device", args.device, [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (1, 16, 64)],
             *[("default-ce16", "/search", searches(queries, DEFAULT_CE), c, 1) for c in (16, 64)],
             *[("rerank-ce-100", "/rerank", reranks(queries, docs, 100), c, 100) for c in (1, 8)],
-            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)])
-    if "papercmc" in sections:
-        paper = str(args.models / "cmc") if args.models else "shipped:cmc"
-        serve_section(run, args, "papercmc", args.device, [
+            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)]),
+        "papercmc": lambda: serve_section(run, args, "papercmc", args.device, [
             *[("be-cmc-512", "/search", searches(queries, BE_CMC), c, 1) for c in (1, 16)],
-            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)], {"SIEVE_CMC_PATH": paper})
-    if "nobatch" in sections:
-        serve_section(run, args, "nobatch", args.device, [("default", "/search", searches(queries, DEFAULT), 16, 1)],
-                      {"SIEVE_BATCHING": "false"})
-    if "cpu" in sections:
-        serve_section(run, args, "cpu", "cpu", [
+            ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)], {"SIEVE_CMC_PATH": paper}),
+        "nobatch": lambda: serve_section(run, args, "nobatch", args.device, [
+            ("default", "/search", searches(queries, DEFAULT), 16, 1)], {"SIEVE_BATCHING": "false"}),
+        "cpu": lambda: serve_section(run, args, "cpu", "cpu", [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)],
-                                                ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)])
-    if "workers" in sections:
-        for n in (int(w) for w in args.workers.split(",") if w):
-            serve_section(run, args, f"workers{n}", args.device,
-                          [("default", "/search", searches(queries, DEFAULT), c, 1) for c in (64, 128)], workers=n)
+            ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)]),
+        "workers": lambda: [serve_section(run, args, f"workers{n}", args.device, [
+            ("default", "/search", searches(queries, DEFAULT), c, 1) for c in (64, 128)], workers=n) for n in workers],
+    }
+    for section in sections:
+        if section not in steps:
+            raise SystemExit(f"unknown section {section!r}: choose from {', '.join(SECTIONS)}")
+        steps[section]()
     run.data["ratios"] = ratios(run)
     run.data["finished"], run.data["load_avg_end"] = time.strftime("%Y-%m-%dT%H:%M:%S"), list(os.getloadavg())
     run.save()
