@@ -12,6 +12,7 @@ The analyzer is bm25s's tokenizer (lower-casing, a word regex), a language's sto
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -71,7 +72,7 @@ class Analyzer:
             import Stemmer
 
             self.stemmer = Stemmer.Stemmer(config.language)
-        from bm25s.tokenization import _infer_stopwords
+        _infer_stopwords = bm25s_module().tokenization._infer_stopwords
 
         self.stopword_set = frozenset(_infer_stopwords(self.stopwords))
         self.split = re.compile(TOKEN_PATTERN).findall
@@ -84,10 +85,22 @@ class Analyzer:
         return out
 
 
-def write_lexical(segment_dir: Path, docs, config: LexicalConfig) -> None:
-    """Term frequencies of `docs` (rows in their order) under segment_dir/bm25 (the caller fsyncs)."""
+def bm25s_module():
+    """bm25s, imported with JAX kept on the CPU. When JAX is installed, bm25s runs a JAX top-k at import, and JAX then
+    takes 75% of the GPU's free memory for itself (XLA's preallocation) in every process that imports it: on an H200
+    the eight workers of `sieve serve` failed to start (out of memory, CUBLAS_STATUS_ALLOC_FAILED) and one worker held
+    105 GiB it never used (benchmarks/results/gpu_nvidia_h200.json). Sieve uses bm25s only to tokenize, so JAX is
+    put on the CPU (JAX_PLATFORMS=cpu) and told not to preallocate, unless the environment already says otherwise."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import bm25s
 
+    return bm25s
+
+
+def write_lexical(segment_dir: Path, docs, config: LexicalConfig) -> None:
+    """Term frequencies of `docs` (rows in their order) under segment_dir/bm25 (the caller fsyncs)."""
+    bm25s = bm25s_module()
     analyzer = Analyzer(config)
     tokens = bm25s.tokenize([d.full_text for d in docs], stopwords=analyzer.stopwords, stemmer=analyzer.stemmer,
                             return_ids=True, show_progress=False)

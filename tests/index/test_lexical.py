@@ -239,3 +239,29 @@ def test_a_killed_writer_leaves_both_parts_old(tmp_path, module, function, after
     with SearchIndex.load(path) as index:
         assert index.ids(index.search_lexical("zebra quokka", 5)[1]) == ["new"] and not index.has_id("d1")
         assert os.path.isdir(index.index_dir / "versions" / f"v{index.version:06d}" / "bm25")
+
+
+@pytest.mark.parametrize("preset, seen", [(None, "cpu"), ("cuda", "cuda")])
+def test_bm25s_import_keeps_jax_off_the_gpu(tmp_path, preset, seen):
+    """bm25s runs a JAX top-k at import where JAX is installed, and JAX then takes 75% of the GPU's memory in every
+    process: Sieve's analyzer imports bm25s with JAX on the CPU and not preallocating, unless the environment already
+    chose (a stand-in `jax` records what it was given when bm25s calls it)."""
+    fake = tmp_path / "fake" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "lax.py").write_text(textwrap.dedent(f"""
+        import os
+        def top_k(x, k):
+            open({str(tmp_path / 'seen')!r}, 'w').write(
+                os.environ.get('JAX_PLATFORMS', '-') + ' ' + os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', '-'))
+            return x, x
+    """))
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), str(REPO)])
+    if preset:
+        env["JAX_PLATFORMS"] = preset
+    code = ("from sieve.index.lexical import Analyzer, LexicalConfig; "
+            "print(Analyzer(LexicalConfig()).terms(['Running shoes']))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "seen").read_text() == f"{seen} false"
