@@ -31,7 +31,7 @@ class Components:
     searcher: Searcher
     device: str
     precision: dict[str, dict] = field(default_factory=dict)  # stage -> models.precision.Choice.as_dict()
-    limits: Limits | None = None  # the work cap and default deadline in force (service/limits.py); None: the settings'
+    limits: Limits | None = None  # the work cap, default deadline and CE pass width in force (service/limits.py); None: the settings'
 
     def model_names(self) -> dict[str, str | None]:
         """/readyz `models`: the bi-encoder and every registered stage with a model (null = not loaded)."""
@@ -127,9 +127,10 @@ def load_components(settings: Settings) -> Components:
              index.version, device, ", ".join(models) or "none")
     precision = lower_precision(settings, biencoder, models)  # after every load: annCUR keeps its fp32 cross-encoder
     apply_runtime(device_runtime(settings, device), device, biencoder, models.get("cmc"))  # buckets, streams, graphs
-    searcher = Searcher(biencoder, index, models=models, **searcher_options(settings))
+    limits = device_limits(settings, device, biencoder)  # the cross-encoder's passes follow the device too
+    searcher = Searcher(biencoder, index, models=models, **searcher_options(settings, limits.ce_batch_tokens))
     single_threaded_blas()  # after every load: threadpoolctl limits the BLAS libraries loaded so far (FAISS's too)
-    return Components(searcher, str(device), precision, device_limits(settings, device, biencoder))
+    return Components(searcher, str(device), precision, limits)
 
 
 def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) -> dict[str, dict]:

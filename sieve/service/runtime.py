@@ -9,10 +9,11 @@ from sieve.pipeline.first_stage import HybridConfig
 from sieve.service.config import Settings
 
 
-def searcher_options(settings: Settings) -> dict:
+def searcher_options(settings: Settings, ce_batch_tokens: int | None = None) -> dict:
+    """`ce_batch_tokens`: the cross-encoder's tokens per pass in force (service/limits.py); None = the setting's."""
     batching = BatchConfig(enabled=settings.batching, max_size=settings.batch_max_size,
                            max_wait_ms=settings.batch_max_wait_ms, cmc_candidates=settings.cmc_batch_candidates,
-                           ce_tokens=settings.ce_batch_tokens, direct_workers=settings.max_inflight)
+                           ce_tokens=ce_batch_tokens or settings.ce_batch_tokens, direct_workers=settings.max_inflight)
     hybrid = HybridConfig(depth=settings.hybrid_depth, rrf_k=settings.rrf_k, weight_be=settings.hybrid_weight_be,
                           weight_bm25=settings.hybrid_weight_bm25)
     return {"query_overflow": settings.query_overflow, "batching": batching,

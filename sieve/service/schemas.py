@@ -329,7 +329,8 @@ class WorkersStatus(Reply):
 class LimitsStatus(Reply):
     rerank_max_tokens: int = Field(..., description="The /rerank work cap in force (tokens a request may give its model to read; more = 413).")
     default_timeout_ms: int | None = Field(..., description="The deadline of a request that gives no timeout_ms, in force (null = none).")
-    speedup: float = Field(..., description="The device's speed-up over the 2-core CPU the defaults were sized on, that scaled the two above (1 = the CPU defaults).")
+    ce_batch_tokens: int = Field(..., description="The cross-encoder's tokens per forward pass in force (pairs x longest pair; SIEVE_CE_BATCH_TOKENS scaled by the speed-up, at most 32x).")
+    speedup: float = Field(..., description="The device's speed-up over the 2-core CPU the defaults were sized on, that scaled the three above (1 = the CPU defaults).")
     source: Literal["cpu", "setting", "calibrated"] = Field(..., description="Where the speed-up came from: cpu (today's defaults, unscaled), setting (SIEVE_DEVICE_SPEEDUP) or calibrated (a forward timed at start-up on CUDA). Settings given explicitly are kept as given.")
 
 
