@@ -13,12 +13,17 @@ bf16 attention on a CPU runs chunked (models/attention.py) unless the CPU has AM
 
 The guard: the lowered model scores fixed probe inputs (the caller's `probe`) and is kept only when every
 probe's Spearman rank correlation with the fp32 scores is >= MIN_SPEARMAN; otherwise the stage stays fp32 and
-the record says why. Models stay pure: a lowered model is a new module, the fp32 one is untouched.
+the record says why. On a CPU it must also not be much slower: each scores the probe once more, timed, and a lowered
+model that took more than MAX_SLOWDOWN x fp32's time stays fp32 (on an NVIDIA H200 machine's 16-core Intel CPU the bf16
+query tower took 1.6 s per /search where fp32 stages took milliseconds, and the server 60 s to start against 17 s on
+the GPU: benchmarks/results/gpu_nvidia_h200.json). Models stay pure: a lowered model is a new module, the fp32 one is
+untouched.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +36,7 @@ from sieve.models.attention import LowPrecisionAttention
 
 MODES = ("auto", "fp32")
 MIN_SPEARMAN = 0.99
+MAX_SLOWDOWN = 2.0  # a lowered model slower than this x fp32 on the probe is refused: only a pathology, not noise
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 Probe = Callable[[nn.Module], np.ndarray]  # module -> scores (P, N) of fixed inputs: P rankings of N items
 
@@ -170,13 +176,28 @@ def lower(module: nn.Module, device: torch.device, mode: str, probe: Probe, only
     chunked_attention = chunked_attention_pays() if chunked_attention is None else chunked_attention
     if device.type == "cpu" and dtype in DTYPES:
         reason += "; attention " + ("chunked" if chunked_attention else "in torch's fused kernel")
-    return guarded(module, lowered(module, dtype, only, chunked_attention), probe, Choice(dtype, reason))
+    return guarded(module, lowered(module, dtype, only, chunked_attention), probe, Choice(dtype, reason),
+                   timed=device.type == "cpu")
 
 
-def guarded(module: nn.Module, candidate: nn.Module, probe: Probe, choice: Choice) -> tuple[nn.Module, Choice]:
-    """`candidate` with `choice` (and its Spearman) if it keeps the probe's rankings, else the fp32 module itself."""
-    rho = worst_spearman(probe(module), probe(candidate))
+def guarded(module: nn.Module, candidate: nn.Module, probe: Probe, choice: Choice,
+            timed: bool = True) -> tuple[nn.Module, Choice]:
+    """`candidate` with `choice` (and its Spearman) if it keeps the probe's rankings and, when `timed` (a CPU),
+    scores them in at most MAX_SLOWDOWN x the fp32 module's time; else the fp32 module itself."""
+    rho = worst_spearman(probe(module), probe(candidate))  # also the warm-up of both: kernels chosen, JIT done
     if rho < MIN_SPEARMAN:
         return module, Choice("fp32", f"{choice.dtype} ({choice.runtime}) failed the guard "
                                       f"(Spearman {rho:.4f} < {MIN_SPEARMAN})", rho)
+    if timed:
+        fp32_s, lowered_s = probe_seconds(probe, module), probe_seconds(probe, candidate)
+        if lowered_s > MAX_SLOWDOWN * fp32_s:
+            return module, Choice("fp32", f"{choice.dtype} ({choice.runtime}) kept the rankings but ran "
+                                          f"{lowered_s / fp32_s:.1f}x slower than fp32 on this CPU "
+                                          f"({1000 * lowered_s:.1f} against {1000 * fp32_s:.1f} ms)", rho)
     return candidate, replace(choice, spearman=rho)
+
+
+def probe_seconds(probe: Probe, module: nn.Module) -> float:
+    start = time.perf_counter()
+    probe(module)
+    return time.perf_counter() - start
