@@ -1,4 +1,13 @@
 #!/bin/bash
+# The device machine receives the repository's working tree (tracked files, untracked ones git does not ignore, and
+# the carried .gpu), which must stay under 64 MiB. The tracked files alone are ~72 MB
+# (sieve/checkpoints/cross-encoder/model.safetensors 45 MB, sieve/checkpoints/cmc/cmc.safetensors 7 MB,
+# benchmarks/results/ 15.6 MB) and .gpu with its wheels is ~59 MB. What worked, by hand (this script does not do it):
+#   before the device call: git rm -q -r --cached sieve/checkpoints/cross-encoder/model.safetensors \
+#                             sieve/checkpoints/cmc/cmc.safetensors benchmarks/results
+#                           and list those three paths in .git/info/exclude
+#   afterwards:             git reset -q, and remove those lines from .git/info/exclude
+# The last lines printed are the bytes that would travel now, with a warning over 64 MiB.
 # Lays out .gpu/ at the repository root for benchmarks/gpu_run.sh on a CUDA machine whose python3 has torch but
 # reaches no registry: wheels of Sieve's other dependencies (the versions in VENV), Sieve's source (this commit,
 # without its large weight files) with benchmarks/gpu*.py, the models' configs and tokenizers with per-tensor
@@ -36,7 +45,8 @@ import sys, re
 want = {'fastapi','starlette','pydantic','pydantic-core','pydantic-settings','python-dotenv','annotated-types',
         'typing-inspection','uvicorn','bm25s','pystemmer','swagger-ui-bundle','redis','transformers','tokenizers',
         'huggingface-hub','typing-extensions','annotated-doc','opentelemetry-api','faiss-cpu','httpx','httpcore',
-        'h11','anyio','sniffio','prometheus-client','safetensors','tqdm','sentencex'}
+        'h11','anyio','sniffio','prometheus-client','safetensors','tqdm','sentencex',
+        'httpx2','httpcore2','truststore','idna'}  # huggingface_hub 2.x imports httpx2
 for line in sys.stdin:
     name = re.split('==', line.strip())[0]
     if re.sub('[-_.]+', '-', name).lower() in want: print(line.strip())")
@@ -45,4 +55,9 @@ for line in sys.stdin:
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d $G/whl $pins
 fi
 du -sh $G
+tree=$( (git ls-files; git ls-files --others --exclude-standard) | sort -u \
+  | while IFS= read -r f; do [ -f "$f" ] && [ ! -L "$f" ] && stat -c %s -- "$f"; done | awk '{s += $1} END {print s + 0}')
+gpu=$(du -sb $G | cut -f1); total=$((tree + gpu))
+echo "working tree $tree bytes + .gpu $gpu bytes = $total bytes"
+[ $total -le $((64 * 1024 * 1024)) ] || echo "WARNING: over 64 MiB: the device machine will not take it (see the top of this script)"
 echo "send .gpu to the CUDA machine and run: bash .gpu/gpu_run.sh   (results in \$OUT, default /tmp/gout)"
