@@ -13,6 +13,8 @@ Sections (--sections, run in the order given; each server is started, measured a
            nothing at any K): /search retriever be -> CMC over 512 at 1 and 16 clients, over 16,384 at 1
   nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
   cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 and 64 clients, /rerank 100 at 1: the ratios
+  cpufp32  the CPU mode with SIEVE_PRECISION=fp32, default /search at 16 clients (on the H200 machine's CPU the bf16
+           query tower took 1.6 s per /search: benchmarks/results/gpu_nvidia_h200.json)
   workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients
            (the other sections run SIEVE_WORKERS unset: the automatic count, which /readyz `workers` records)
 
@@ -54,7 +56,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
-SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "workers")
+SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "cpufp32", "workers")
 DEFAULT = {}  # the default /search: the server's retriever, reranker and top_k 10
 DEFAULT_CE = {"cross_encoder": True, "cmc_k": 16}  # the default /search with the cross-encoder on its top 16
 BE_CMC = {"retriever": "be", "rerank": "cmc", "cross_encoder": False}  # retrieve_k 512 by default
@@ -467,6 +469,8 @@ def main(argv=None) -> None:
             ("be-cmc-16384", "/search", searches(queries, BE_CMC_16384), 1, 1)], {"SIEVE_CMC_PATH": paper}),
         "nobatch": lambda: serve_section(run, args, "nobatch", args.device, [
             ("default", "/search", searches(queries, DEFAULT), 16, 1)], {"SIEVE_BATCHING": "false"}),
+        "cpufp32": lambda: serve_section(run, args, "cpufp32", "cpu", [
+            ("default", "/search", searches(queries, DEFAULT), 16, 1)], {"SIEVE_PRECISION": "fp32"}),
         "cpu": lambda: serve_section(run, args, "cpu", "cpu", [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)],
             ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)]),
