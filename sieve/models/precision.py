@@ -15,11 +15,11 @@ The guard: the lowered model scores fixed probe inputs (the caller's `probe`) an
 probe's Spearman rank correlation with the fp32 scores is >= MIN_SPEARMAN; otherwise the stage stays fp32 and
 the record says why. On a CPU it must also not be pathologically slower: each scores the probe again, timed (the
 lowered model twice, its faster run counted), and one that took more than MAX_SLOWDOWN x fp32's time and MIN_EXTRA_S
-more stays fp32 (on an NVIDIA H200 machine's 16-core Intel CPU the bf16 query tower took 1.6 s per /search where fp32
-stages took milliseconds, and the server 60 s to start against 17 s on the GPU: benchmarks/results/gpu_nvidia_h200.json).
-Both bounds, so that timing noise on a busy host does not flip a choice (it would take two stalls of 0.5 s in a row):
-a probe of 0.3 ms read 0.7-1.5x in int8 on a Zen 3 host. Models stay pure: a lowered model is a new module, the fp32 one is
-untouched.
+more stays fp32 (on an NVIDIA H200 machine's 16-core Intel CPU the bf16 query tower took 1.6 s per /search where
+fp32 stages took milliseconds, and the server 60 s to start against 17 s on the GPU:
+benchmarks/results/gpu_nvidia_h200.json). Both bounds, so that timing noise on a busy host does not flip a choice
+(it would take two stalls of 0.5 s in a row): a probe of 0.3 ms read 0.7-1.5x in int8 on a Zen 3 host.
+Models stay pure: a lowered model is a new module, the fp32 one is untouched.
 """
 from __future__ import annotations
 
