@@ -11,8 +11,8 @@ import torch
 from sieve import checkpoints
 from sieve.models.cmc_checkpoint import load_cmc
 from sieve.models.cross_encoder import CrossEncoder, PairLengths
-from sieve.models.precision import (MAX_SLOWDOWN, MIN_EXTRA_S, MIN_SPEARMAN, Choice, best_dtype, cpu_flags, guarded, int8_kernels,
-                                    lower, lowered, native_bf16, spearman, worst_spearman)
+from sieve.models.precision import (MAX_SLOWDOWN, MIN_EXTRA_S, MIN_SPEARMAN, Choice, best_dtype, cpu_flags, guarded,
+                                    int8_kernels, lower, lowered, native_bf16, spearman, worst_spearman)
 from sieve.models.precision_stages import ce_probe, cmc_probe, lower_cmc, lower_cross_encoder, lower_query_tower, query_probe
 
 CPU = torch.device("cpu")
