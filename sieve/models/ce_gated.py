@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -69,12 +70,15 @@ class GatedScorer(SumOfParts):
             rows.append(query + doc)
             segs.append([0] * len(query) + [1] * len(doc))
         width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        segments = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        # laid out in numpy, one tensor each at the end: a torch.tensor per row cost 15 of the 84 ms a /rerank of 100
+        # spent building its pairs on a Zen 3 core
+        ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+        segments = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
         for i, (r, s) in enumerate(zip(rows, segs)):
-            ids[i, :len(r)], segments[i, :len(s)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(s), 1
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+            ids[i, :len(r)], segments[i, :len(s)], mask[i, :len(r)] = r, s, 1
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
+                "token_type_ids": torch.from_numpy(segments)}
 
     def embed(self, input_ids: torch.Tensor, segments: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         emb = self.classifier.bert.embeddings
