@@ -103,7 +103,8 @@ def main() -> None:
               "machine": {"cpu": platform.processor() or next((line.split(":", 1)[1].strip() for line in
                                                                 open("/proc/cpuinfo") if line.startswith("model name")),
                                                                None),
-                          "cores": os.cpu_count(), "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
+                          "cores": os.cpu_count(),
+                          "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
                           "load_avg": list(os.getloadavg())},
               "before_ms_median": round(statistics.median(ms["before"]), 2),
               "now_ms_median": round(statistics.median(ms["now"]), 2), "samples": ms}

@@ -7,12 +7,14 @@ Sections (--sections, run in the order given; each server is started, measured a
   micro    cross-encoder forward alone (100 / 512 pairs) and its tokenization, CMC forward vs K 512 / 10,000 / 16,384,
            FAISS vs the device's flat search, the start-up calibration and the limits it puts in force
   serve    the default /search (hybrid -> CMC over 512, top_k 10) at 1 / 16 / 64 clients with per-stage means from
-           /metrics; the same with the cross-encoder on the top 16 at 16 and 64 clients; /rerank of 100 documents with the cross-encoder at 1 and 8 clients (pairs/s); /search with
-           CMC over 16,384 candidates (retriever be), p50 at one client
+           /metrics; the same with the cross-encoder on the top 16 at 16 and 64 clients; /rerank of 100 documents
+           with the cross-encoder at 1 and 8 clients (pairs/s); /search with CMC over 16,384 candidates (retriever
+           be), p50 at one client
   papercmc the paper-style CMC (two attention layers; the shipped default is an MLP over the evidence, which costs
            nothing at any K): /search retriever be -> CMC over 512 at 1 and 16 clients, over 16,384 at 1
   nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
-  cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 and 64 clients, /rerank 100 at 1: the ratios
+  cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 and 64 clients, /rerank 100 at 1:
+           the ratios
   cpufp32  the CPU mode with SIEVE_PRECISION=fp32, default /search at 16 clients (on the H200 machine's CPU the bf16
            query tower took 1.6 s per /search: benchmarks/results/gpu_nvidia_h200.json)
   workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients

@@ -31,7 +31,8 @@ class Components:
     searcher: Searcher
     device: str
     precision: dict[str, dict] = field(default_factory=dict)  # stage -> models.precision.Choice.as_dict()
-    limits: Limits | None = None  # the work cap, default deadline and CE pass width in force (service/limits.py); None: the settings'
+    # the work cap, default deadline and cross-encoder pass width in force (service/limits.py); None: the settings'
+    limits: Limits | None = None
 
     def model_names(self) -> dict[str, str | None]:
         """/readyz `models`: the bi-encoder and every registered stage with a model (null = not loaded)."""
