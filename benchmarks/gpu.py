@@ -32,6 +32,10 @@ at a barrier while this one reads /metrics, measure the same window, and send ba
 CPU time: a row's client_cpu_s_per_request and client_busy_max (the busiest client process's share of one core)
 show whether the client kept up.
 
+--spy S: py-spy (carried by gpu_prepare.sh) records the server and its workers for the first S seconds of the
+measured window of the cells --spy-cells names (by default the two 64-client /search cells the targets missed on
+the H200); a row's `spy` sums the running threads' samples by frame, and the raw stacks stay in --work.
+
     python benchmarks/gpu.py                                  # on a CUDA machine, from the repository root
     python benchmarks/gpu.py --device cpu --quick --ndocs 300 --reps 1 --workers 2 --out /tmp/gpu_smoke.json
 benchmarks/gpu_prepare.sh + gpu_run.sh carry the repository to a CUDA machine without registry access and run it.
@@ -48,6 +52,7 @@ import platform
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -253,13 +258,14 @@ def client_procs(args, clients: int) -> int:
     return max(1, min(procs, clients))
 
 
-def run_clients(url: str, bodies, clients: int, procs: int, args, port: int) -> tuple[list, dict, dict]:
+def run_clients(url: str, bodies, clients: int, procs: int, args, port: int,
+                at_start=lambda: None) -> tuple[list, dict, dict]:
     """The warm-up and the measured window of `clients` clients over `procs` processes: each process's
-    clients_window() and the /metrics sums just before and after the window."""
+    clients_window() and the /metrics sums just before and after the window; at_start() as the window starts."""
     before = {}
     if procs == 1:
         outs = [clients_window(url, bodies, range(clients), args.warm_s, args.measure_s,
-                               lambda: before.update(stage_sums(port)))]
+                               lambda: (before.update(stage_sums(port)), at_start()))]
         return outs, before, stage_sums(port)
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(procs + 1, timeout=120 + args.warm_s), ctx.Queue()
@@ -272,6 +278,7 @@ def run_clients(url: str, bodies, clients: int, procs: int, args, port: int) -> 
         barrier.wait()  # every process warmed up
         before = stage_sums(port)
         barrier.wait()  # the window starts
+        at_start()
         outs = [queue.get(timeout=300 + args.measure_s) for _ in children]
         after = stage_sums(port)
     except Exception as exc:
@@ -294,13 +301,64 @@ def run_clients(url: str, bodies, clients: int, procs: int, args, port: int) -> 
     return outs, before, after
 
 
+class Spy:
+    """py-spy over the server and its workers (--subprocesses) for the first seconds of a cell's measured window:
+    the stacks of the threads that were running (idle ones left out), written as py-spy's raw collapsed stacks and
+    summed in the row by the frame they were running (self) and the deepest Sieve frame under it."""
+
+    def __init__(self, pid: int, seconds: float, out: Path):
+        self.pid, self.seconds, self.out, self.proc = pid, seconds, out, None
+
+    def start(self) -> None:
+        spy = shutil.which("py-spy")
+        if spy is None:
+            self.error = "py-spy not found"
+            return
+        self.proc = subprocess.Popen([spy, "record", "--pid", str(self.pid), "--subprocesses", "--nonblocking",
+                                      "--rate", "200", "--duration", str(max(1, round(self.seconds))),
+                                      "--format", "raw", "--output", str(self.out)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def finish(self) -> dict:
+        if self.proc is None:
+            return {"error": getattr(self, "error", "not started")}
+        try:
+            said = self.proc.communicate(timeout=60 + self.seconds)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            said = self.proc.communicate()[0]
+        if not self.out.exists():
+            return {"error": said[-500:]}
+        return {"file": self.out.name, "seconds": self.seconds, **spy_summary(self.out.read_text())}
+
+
+def spy_summary(collapsed: str, top: int = 25) -> dict:
+    """Samples by the frame running (self) and by the deepest frame in Sieve's code, from raw collapsed stacks."""
+    own, sieve, total = {}, {}, 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n, frames = int(count), stack.split(";")
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        mine = next((f for f in reversed(frames) if "(sieve/" in f or "/sieve/" in f), "(outside sieve)")
+        sieve[mine] = sieve.get(mine, 0) + n
+    best = lambda d: [[k, v] for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]]  # noqa: E731
+    return {"samples": total, "self": best(own), "sieve_frame": best(sieve)}
+
+
 def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, nominal: int,
-         per_request: int = 1) -> dict:
-    """One measured window at `nominal` clients (a --quick run caps them at 4) over client_procs() processes."""
+         per_request: int = 1, pid: int | None = None) -> dict:
+    """One measured window at `nominal` clients (a --quick run caps them at 4) over client_procs() processes; with
+    --spy, py-spy over the server for the first seconds of the window of the cells --spy-cells names."""
     url = f"http://127.0.0.1:{port}{path}"
     clients = min(nominal, 4) if args.quick else nominal
     procs = client_procs(args, clients)
-    outs, before, after = run_clients(url, bodies, clients, procs, args, port)
+    spy = None
+    if args.spy and pid and f"{server}/{name}@{nominal}" in args.spy_cells.split(","):
+        spy = Spy(pid, min(args.spy, args.measure_s), args.work / f"spy-{server}-{name}-{nominal}.txt")
+    outs, before, after = run_clients(url, bodies, clients, procs, args, port, spy.start if spy else lambda: None)
     wall = max(o["seconds"] for o in outs)
     lat, codes, client_cpu = sorted(x for o in outs for x in o["lat"]), {}, sum(o["cpu_s"] for o in outs)
     for o in outs:
@@ -317,6 +375,8 @@ def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, n
            "client_busy_max": round(max(o["cpu_s"] / o["seconds"] for o in outs), 3)}
     if per_request > 1:
         row["pairs_per_s"] = round(ok * per_request, 1)
+    if spy is not None:
+        row["spy"] = spy.finish()
     run.data["cells"].append(row)
     run.save()
     print(json.dumps({k: row.get(k) for k in ("cell", "server", "clients", "client_procs", "qps", "p50_ms", "p99_ms",
@@ -346,7 +406,7 @@ def serve_section(run: Run, args, name: str, device: str, cells: list, extra_env
     try:
         for cname, path, bodies, clients, per_request in cells:
             try:
-                cell(run, args, cname, name, port, path, bodies, clients, per_request)
+                cell(run, args, cname, name, port, path, bodies, clients, per_request, proc.pid)
             except Exception as exc:  # noqa: BLE001 - one failed cell must not lose the others
                 run.error(f"{name}/{cname}@{clients}: {exc!r}")
     finally:
@@ -437,6 +497,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8810)
     parser.add_argument("--client-procs", type=int, help="processes the clients of a cell are spread over "
                         "(default: ceil(clients / 8), at most half the CPUs; 0 or 1: this process)")
+    parser.add_argument("--spy", type=float, default=0.0, help="seconds of py-spy (on PATH) over the server and its "
+                        "workers at the start of the measured window of each cell --spy-cells names (0: none)")
+    parser.add_argument("--spy-cells", default="device/default@64,device/default-ce16@64",
+                        help="server/cell@clients, comma-separated")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     args.measure_s, args.warm_s = (1.0, 0.3) if args.quick else (10.0, 2.0)

@@ -45,7 +45,7 @@ import sys, re
 want = {'fastapi','starlette','pydantic','pydantic-core','pydantic-settings','python-dotenv','annotated-types',
         'typing-inspection','uvicorn','bm25s','pystemmer','swagger-ui-bundle','redis','transformers','tokenizers',
         'huggingface-hub','typing-extensions','annotated-doc','opentelemetry-api','faiss-cpu','httpx','httpcore',
-        'h11','anyio','sniffio','prometheus-client','safetensors','tqdm','sentencex',
+        'h11','anyio','sniffio','prometheus-client','safetensors','tqdm','sentencex','py-spy',
         'httpx2','httpcore2','truststore','idna'}  # huggingface_hub 2.x imports httpx2
 for line in sys.stdin:
     name = re.split('==', line.strip())[0]

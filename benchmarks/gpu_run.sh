@@ -14,7 +14,7 @@ else
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/whl/*.whl || exit 11
   PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
     --target /tmp/site2 $W/src > $W/pip-sieve.txt 2>&1 || { tail -20 $W/pip-sieve.txt; exit 12; }
-  export PYTHONPATH=/tmp/site2:/tmp/site SIEVE_BIN=/tmp/site2/bin/sieve
+  export PYTHONPATH=/tmp/site2:/tmp/site SIEVE_BIN=/tmp/site2/bin/sieve PATH=/tmp/site/bin:$PATH  # py-spy for --spy
   PY=python3
 fi
 $PY -c "import sieve.service.app, bm25s, uvicorn, httpx, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 13
