@@ -3,7 +3,8 @@ loopback, plus in-process kernel figures (benchmarks/gpu_micro.py), written to b
 (the device, CPU count, versions) after every cell, so a run cut short keeps what it measured.
 
 Sections (--sections, run in the order given; each server is started, measured and stopped on its own):
-  build    `sieve index build` of the corpus (SciFact x --reps, ids suffixed) on the device: documents per second
+  build    `sieve index build` of the corpus (SciFact x --reps, ids suffixed) on the device: documents per second;
+           then, untimed, `sieve index add-store --ce-tokens` (a /search with the CE then tokenizes only its query)
   micro    cross-encoder forward alone (100 / 512 pairs) and its tokenization, CMC forward vs K 512 / 10,000 / 16,384,
            FAISS vs the device's flat search, the start-up calibration and the limits it puts in force
   serve    the default /search (hybrid -> CMC over 512, top_k 10) at 1 / 16 / 64 clients with per-stage means from
@@ -434,6 +435,14 @@ def build_section(run: Run, args) -> None:
     run.save()
     if done.returncode != 0:
         run.error(f"index build failed: {done.stderr[-2000:]}")
+    elif not args.no_ce_tokens:  # untimed: the cross-encoder's token ids, so a /search with it tokenizes only its query
+        t0 = time.perf_counter()
+        added = subprocess.run([sieve_bin(), "index", "add-store", "--index", str(args.index), "--ce-tokens"],
+                               env=env, capture_output=True, text=True)
+        run.data["build"]["ce_tokens_s"] = round(time.perf_counter() - t0, 1)
+        if added.returncode != 0:
+            run.error(f"index add-store --ce-tokens failed: {added.stderr[-2000:]}")
+        run.save()
     print(json.dumps({k: v for k, v in run.data["build"].items() if k != "log_tail"}), flush=True)
 
 
@@ -497,6 +506,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8810)
     parser.add_argument("--client-procs", type=int, help="processes the clients of a cell are spread over "
                         "(default: ceil(clients / 8), at most half the CPUs; 0 or 1: this process)")
+    parser.add_argument("--no-ce-tokens", action="store_true", help="build: leave out the cross-encoder's token ids "
+                        "(by default added after the timed build, so /search with the CE tokenizes only its query)")
     parser.add_argument("--spy", type=float, default=0.0, help="seconds of py-spy (on PATH) over the server and its "
                         "workers at the start of the measured window of each cell --spy-cells names (0: none)")
     parser.add_argument("--spy-cells", default="device/default@64,device/default-ce16@64",
