@@ -173,8 +173,25 @@ def host_busy_s() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def drained(url: str, timeout_s: float = 30.0) -> None:
+    """Until the server has no request in progress (its summed `sieve_inflight_requests`): wrk stops with requests
+    in flight, which still count against SIEVE_MAX_INFLIGHT when the next run's arrive; at 64 connections that made
+    8-35 answers per block 429 (overhead_zen3_s35_c64.json), none with a pause between the runs."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("sieve_inflight_requests "):
+                if float(line.split()[1]) == 0:
+                    return
+                break
+        else:
+            return  # no such gauge (an older tree): nothing to wait for
+        time.sleep(0.05)
+
+
 def block(side: Side, clients: int, duration_s: float, warmup_s: float, bodies: Path) -> dict:
     wrk(side.url, clients, warmup_s, bodies)
+    drained(side.url)
     load, cpu0, host0 = os.getloadavg()[0], tree_cpu_by_child(side.proc.pid), host_busy_s()
     got = wrk(side.url, clients, duration_s, bodies)
     cpu1, host1 = tree_cpu_by_child(side.proc.pid), host_busy_s()
@@ -278,6 +295,8 @@ def pair_block(name: str, pair: list[Side], clients: int, duration_s: float, war
     half = max(1, clients // len(pair))
     with ThreadPoolExecutor(len(pair)) as pool:
         list(pool.map(lambda side: wrk(side.url, half, warmup_s, bodies), pair))
+        for side in pair:
+            drained(side.url)
         load, cpu0 = os.getloadavg()[0], sum(tree_cpu_s(side.proc.pid) for side in pair)
         got = list(pool.map(lambda side: wrk(side.url, half, duration_s, bodies), pair))
     cpu = sum(tree_cpu_s(side.proc.pid) for side in pair) - cpu0
