@@ -308,7 +308,7 @@ class Spy:
     summed in the row by the frame they were running (self) and the deepest Sieve frame under it."""
 
     def __init__(self, pid: int, seconds: float, out: Path):
-        self.pid, self.seconds, self.out, self.proc = pid, seconds, out, None
+        self.pid, self.seconds, self.out, self.proc, self.error = pid, seconds, out, None, "not started"
 
     def start(self) -> None:
         spy = shutil.which("py-spy")
@@ -322,7 +322,7 @@ class Spy:
 
     def finish(self) -> dict:
         if self.proc is None:
-            return {"error": getattr(self, "error", "not started")}
+            return {"error": self.error}
         try:
             said = self.proc.communicate(timeout=60 + self.seconds)[0]
         except subprocess.TimeoutExpired:
