@@ -18,6 +18,16 @@ if TYPE_CHECKING:  # imported where used: `sieve --help` and argument errors imp
 DEMO_CORPUS = Path(__file__).with_name("demo_corpus.jsonl")
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sieve", description="Sieve multi-stage retrieval service")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--ce-tokens", action="store_true", help="also store each document's cross-encoder token ids (the configured one, SIEVE_CROSS_ENCODER_PATH, else the shipped one; store 'ce_tokens', float32 local indexes): a /search with the cross-encoder then tokenizes only its query")
     build.add_argument("--no-lexical", action="store_true", help="no BM25 part (retrievers bm25 and hybrid then answer 400)")
     build.add_argument("--lexical-language", help="BM25 analyzer language (SIEVE_LEXICAL_LANGUAGE, default english; 'none')")
+    build.add_argument("--lexical-processes", type=positive_int, help="processes that tokenize the BM25 part while the documents are encoded (default: one per CPU from 20,000 documents, one per 5,000 at most; below that none, the tokenizing done after the encoding in this process)")
     build.set_defaults(func=cmd_build)
     add = index.add_parser("add", help="add or replace documents (BEIR jsonl)")
     add.add_argument("--index", type=Path)
@@ -195,6 +206,7 @@ def cmd_build_qdrant(args, settings: Settings, found: dict) -> None:
 
 def cmd_build(args, settings: Settings) -> None:
     from sieve.index import build_index, read_beir_corpus
+    from sieve.index.lexical import build_processes
 
     if args.ce_tokens and args.dtype != "float32":
         raise SystemExit("--ce-tokens needs --dtype float32 (float16 cannot hold every token id)")
@@ -206,9 +218,11 @@ def cmd_build(args, settings: Settings) -> None:
     if args.faiss == "auto":
         params = {"ann_min_rows": settings.ann_min_rows, **({"nlist": args.nlist} if args.nlist else {})}
     extra = {k: v for k, v in found.items() if k != "primary"}
-    manifest = build_index(read_beir_corpus(args.corpus), found["primary"], args.out, dtype=args.dtype,
+    docs = list(read_beir_corpus(args.corpus))
+    manifest = build_index(docs, found["primary"], args.out, dtype=args.dtype,
                            faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
-                           extra_stores=extra or None, lexical=lexical_of(args, settings))
+                           extra_stores=extra or None, lexical=lexical_of(args, settings),
+                           lexical_processes=args.lexical_processes or build_processes(len(docs)))
     print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version,
                       "lexical": manifest.lexical or None}))
 

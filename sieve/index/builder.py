@@ -12,7 +12,7 @@ from .cache import encode_cached
 from .corpus import Document
 from .encoder import DocumentEncoder, encoder_identity
 from .errors import IndexMismatchError
-from .lexical import LexicalConfig
+from .lexical import LexicalConfig, TokenizingInParallel
 from .layout import rebuild_version_number, version_name, writer_lock
 from .manifest import DTYPES, FORMAT_VERSION, Manifest, check_manifest
 from .segments import new_segment_spec
@@ -62,15 +62,24 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
                 faiss_params: dict | None = None, cache_dir: Path | None = None,
                 progress: bool = True,
                 extra_stores: dict[str, DocumentEncoder] | None = None,
-                lexical: LexicalConfig | None = LexicalConfig()) -> Manifest:
+                lexical: LexicalConfig | None = LexicalConfig(), lexical_processes: int = 1) -> Manifest:
     """Encode `docs` and publish them as a new version of the index at `out_dir`, with a BM25 part unless
-    `lexical` is None."""
+    `lexical` is None. `lexical_processes` > 1: the BM25 part is tokenized in that many processes while the
+    documents are encoded (lexical.build_processes; the program's main module must be guarded, as for any
+    multiprocessing); 1: in this process, after the encoding."""
     docs, out_dir, extra_stores = list(docs), Path(out_dir), dict(extra_stores or {})
     params = _validate_build(docs, dtype, faiss_kind, faiss_params, list(extra_stores), lexical)
     texts = [d.full_text for d in docs]
-    arrays = {None: _in_memory(encode_cached(encoder, texts, cache_dir, progress))}
-    for name, enc in extra_stores.items():
-        arrays[name] = _in_memory(encode_cached(enc, texts, cache_dir, progress))
+    tokenizing = TokenizingInParallel(texts, lexical, lexical_processes) \
+        if lexical is not None and lexical_processes > 1 and docs else None
+    try:
+        arrays = {None: _in_memory(encode_cached(encoder, texts, cache_dir, progress))}
+        for name, enc in extra_stores.items():
+            arrays[name] = _in_memory(encode_cached(enc, texts, cache_dir, progress))
+        terms = tokenizing.result() if tokenizing is not None else None
+    finally:
+        if tokenizing is not None:
+            tokenizing.pool.shutdown(cancel_futures=True)
     manifest = Manifest(
         format_version=FORMAT_VERSION, model_name=encoder.name,
         model_hash=encoder.weights_hash, dim=int(encoder.dim), count=0, dtype=dtype,
@@ -78,7 +87,7 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
         stores={n: encoder_identity(e) for n, e in extra_stores.items()},
         lexical=lexical.to_dict() if lexical is not None else {})
     ann = segment_ann(faiss_kind, params, len(docs), whole=True)
-    segment = SegmentPlan(docs, arrays, ann, segment_params(faiss_kind, params, len(docs)))
+    segment = SegmentPlan(docs, arrays, ann, segment_params(faiss_kind, params, len(docs)), terms)
     with writer_lock(out_dir):
         finish_manifest(manifest, docs, rebuild_version_number(out_dir))
         manifest.segments = [new_segment_spec(version_name(manifest.version), len(docs), ann)]

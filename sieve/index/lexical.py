@@ -12,8 +12,10 @@ The analyzer is bm25s's tokenizer (lower-casing, a word regex), a language's sto
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from itertools import chain
@@ -26,6 +28,11 @@ LEXICAL_DIR = "bm25"
 ENGINE = "bm25s"
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s.tokenize's default (scikit-learn's CountVectorizer)
 NO_LANGUAGE = "none"
+# a segment of at least PARALLEL_MIN_DOCS documents is tokenized in several processes, each given at least
+# PARALLEL_CHUNK_DOCS: the tokenizer's Python took 5.5 s for 46,647 SciFact abstracts on one Zen 4 core, and a
+# process starts in about 0.3 s (RESULTS.md, issue 32)
+PARALLEL_MIN_DOCS = 20_000
+PARALLEL_CHUNK_DOCS = 5_000
 # bm25s's own stop-word lists and PyStemmer's stemmers, by the name a user writes in settings
 _STOPWORDS = {"english": "en", "german": "de", "dutch": "nl", "french": "fr", "spanish": "es", "portuguese": "pt",
               "italian": "it", "russian": "ru", "swedish": "sv", "norwegian": "no", "chinese": "zh"}
@@ -98,17 +105,66 @@ def bm25s_module():
     return bm25s
 
 
-def write_lexical(segment_dir: Path, docs, config: LexicalConfig) -> None:
-    """Term frequencies of `docs` (rows in their order) under segment_dir/bm25 (the caller fsyncs)."""
+def tokenized(texts: Sequence[str], config: LexicalConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """bm25s.tokenize of `texts` as arrays: (every text's term ids one after another (T,), each text's count of
+    terms (N,), the terms by id)."""
     bm25s = bm25s_module()
     analyzer = Analyzer(config)
-    tokens = bm25s.tokenize([d.full_text for d in docs], stopwords=analyzer.stopwords, stemmer=analyzer.stemmer,
-                            return_ids=True, show_progress=False)
+    tokens = bm25s.tokenize(list(texts), stopwords=analyzer.stopwords, stemmer=analyzer.stemmer, return_ids=True,
+                            show_progress=False)
     vocab = [""] * len(tokens.vocab)
     for term, tid in tokens.vocab.items():
         vocab[tid] = term
     lengths = np.fromiter(map(len, tokens.ids), np.int64, len(tokens.ids))
     flat = np.fromiter(chain.from_iterable(tokens.ids), np.int64, int(lengths.sum()))
+    return flat, lengths, vocab
+
+
+def build_processes(n_docs: int) -> int:
+    """Processes that tokenize a build of n_docs documents (`sieve index build`): one per CPU this process may use,
+    at most one per PARALLEL_CHUNK_DOCS documents; 1 (no process started) below PARALLEL_MIN_DOCS, where starting
+    them costs more than it saves."""
+    if n_docs < PARALLEL_MIN_DOCS:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), n_docs // PARALLEL_CHUNK_DOCS))
+
+
+class TokenizingInParallel:
+    """tokenized(texts, config) over `processes` processes started now, a chunk of texts each (bm25s's tokenizer is
+    pure Python, one core per process), so the caller can encode meanwhile; `result()` waits for them and maps each
+    chunk's ids into one vocabulary, numbered in order of first appearance over the chunks (the same terms as one
+    call). The processes are spawned (fresh interpreters, whatever threads torch or CUDA run in this one), so like
+    any multiprocessing code it needs a program whose main module is guarded by `if __name__ == "__main__"`."""
+
+    def __init__(self, texts: Sequence[str], config: LexicalConfig, processes: int):
+        size = -(-len(texts) // max(processes, 1))
+        chunks = [list(texts[i:i + size]) for i in range(0, len(texts), size)] or [[]]
+        self.pool = ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("spawn"))
+        try:
+            self.futures = [self.pool.submit(tokenized, chunk, config) for chunk in chunks]
+        except BaseException:
+            self.pool.shutdown(cancel_futures=True)
+            raise
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        try:
+            parts = [future.result() for future in self.futures]
+        finally:
+            self.pool.shutdown(cancel_futures=True)
+        ids: dict[str, int] = {}
+        flats, lengths = [], []
+        for flat, counts, vocab in parts:
+            remap = np.fromiter((ids.setdefault(term, len(ids)) for term in vocab), np.int64, len(vocab))
+            flats.append(remap[flat])
+            lengths.append(counts)
+        return np.concatenate(flats), np.concatenate(lengths), list(ids)
+
+
+def write_lexical(segment_dir: Path, docs, config: LexicalConfig,
+                  terms: tuple[np.ndarray, np.ndarray, list[str]] | None = None) -> None:
+    """Term frequencies of `docs` (rows in their order) under segment_dir/bm25 (the caller fsyncs); `terms`: what
+    tokenized() gives for their texts, when the caller has it already (a build tokenizes while it encodes)."""
+    flat, lengths, vocab = terms if terms is not None else tokenized([d.full_text for d in docs], config)
     rows = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
     n = max(len(docs), 1)
     keys, tfs = np.unique(flat * n + rows, return_counts=True)  # sorted by (term, row)

@@ -38,6 +38,7 @@ class SegmentPlan:
     arrays: dict[str | None, Rows]  # None key: primary
     ann: str = "flat"                # flat | ivf | hnsw (vectors.segment_ann)
     faiss_params: dict = field(default_factory=dict)
+    lexical_terms: tuple | None = None  # lexical.tokenized() of the docs, when the caller made it already
 
 
 @dataclass
@@ -169,7 +170,7 @@ def write_segment(seg_dir: Path, seg: SegmentPlan, m: Manifest) -> None:
             open_embeddings(store_path(seg_dir, None))  # the stored (float16-rounded) rows: scores match embeddings()
         _write_faiss(seg_dir, np.asarray(vectors, dtype=np.float32), seg.ann, seg.faiss_params)
     if m.lexical:  # same documents, same segment: dense and lexical move together
-        write_lexical(seg_dir, seg.docs, LexicalConfig.from_dict(m.lexical))
+        write_lexical(seg_dir, seg.docs, LexicalConfig.from_dict(m.lexical), seg.lexical_terms)
 
 
 def _write_faiss(seg_dir: Path, vectors: np.ndarray, ann: str, params: dict) -> None:

@@ -103,6 +103,24 @@ def test_the_query_analyzer_makes_the_terms_bm25s_indexed(tmp_path):
             assert analyzer.terms([text]) == expected, (language, text)
 
 
+def test_a_large_segment_tokenized_over_processes_gets_the_terms_of_one(monkeypatch):
+    """Chunks tokenized in separate processes, their vocabularies merged: every document has the terms bm25s
+    gives it in one call, and every term one id."""
+    from sieve.index import lexical
+    from tests.conftest import DEMO_CORPUS
+
+    texts = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()] * 3 + ["", "the of and"]
+    config = LexicalConfig()
+    flat, lengths, vocab = lexical.tokenized(texts, config)
+    pflat, plengths, pvocab = lexical.TokenizingInParallel(texts, config, 3).result()
+    assert plengths.tolist() == lengths.tolist() and len(set(pvocab)) == len(pvocab)
+    assert sorted(pvocab) == sorted(vocab)
+    assert [pvocab[i] for i in pflat] == [vocab[i] for i in flat]
+    monkeypatch.setattr(lexical, "PARALLEL_MIN_DOCS", 10)
+    monkeypatch.setattr(lexical, "PARALLEL_CHUNK_DOCS", 4)
+    assert lexical.build_processes(9) == 1 and lexical.build_processes(12) == min(len(os.sched_getaffinity(0)), 3)
+
+
 def loop_over_terms(index, query: str) -> np.ndarray:
     """BM25 of every live row, adding term after term, segment after segment (the reference formula)."""
     from sieve.index.lexical import _counted
