@@ -26,12 +26,16 @@ is throughput, not the protection; /readyz of every server is kept, and `micro` 
 would put in force by default). Every request sends `Cache-Control: no-cache`.
 
 The client: each cell's closed-loop clients (client i sends body i*37, i*37+1, ... as soon as its previous reply is
-in) run as asyncio tasks over one httpx.AsyncClient per OS process, spread over --client-procs spawned processes
-(default ceil(clients / 8), at most half the CPUs; 0 or 1: the clients run in this process), since one Python process
-at 64 clients measured its own queueing (client p50 219 ms against the server's 27 ms). All processes warm up, wait
-at a barrier while this one reads /metrics, measure the same window, and send back latencies, status codes and their
-CPU time: a row's client_cpu_s_per_request and client_busy_max (the busiest client process's share of one core)
-show whether the client kept up.
+in) run as asyncio tasks, each on its own keep-alive connection written and read as bytes (--client raw, RawClient;
+--client httpx: one httpx.AsyncClient per process, as the thirty-fifth session's run and the issue's own figures
+had), spread over --client-procs spawned processes (default ceil(clients / 8), at most half the CPUs; 0 or 1: the
+clients run in this process). httpx's client took 2.4-9.2 ms of a Zen 4 core per /search against 0.11-0.15 ms for
+the raw one, and against one zero-cost server it sent 101-263 /search a second where the raw one sent 880-1,153
+(benchmarks/client_cost.py, client_cost_zen4.json): the H200 run's 184 QPS at 64 clients, with a client p50 of 219
+ms against the servers' 27 ms, was most likely its client's. All processes warm up, wait at a barrier while this one
+reads /metrics, measure the same window, and send back latencies, status codes and their CPU time: a row's
+client_cpu_s_per_request and client_busy_max (the busiest client process's share of one core) show whether the
+client kept up.
 
 --spy S: py-spy (carried by gpu_prepare.sh) records the server and its workers for the first S seconds of the
 measured window of the cells --spy-cells names (by default the two 64-client /search cells the targets missed on
@@ -57,6 +61,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,33 +224,97 @@ async def closed_loop(http: httpx.AsyncClient, url: str, bodies, ids, seconds: f
     await asyncio.gather(*(client(i) for i in ids))
 
 
+class RawClient:
+    """A closed-loop client on one keep-alive HTTP/1.1 connection over asyncio streams: the request bytes written as
+    they are, the reply read by its Content-Length. About a tenth of httpx's client CPU per request (httpx.AsyncClient
+    took 2.5 ms of a Zen 4 core per /search at 16 clients and 3.5 ms at 64, so one process could not send more than
+    ~300 /search a second: RESULTS.md, issue 32). A reply without Content-Length, a dropped connection or a timeout is
+    counted by its kind and the connection opened again."""
+
+    def __init__(self, url: str):
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                     "Cache-Control: no-cache\r\nContent-Length: ").encode()
+        self.reader = self.writer = None
+
+    async def post(self, body: bytes, timeout: float = 300.0) -> str:
+        """The reply's status code ("200-partial": a 200 whose answer says partial: true) or the error's name."""
+        try:
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), timeout)
+            length = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head)
+            if length is None:
+                self.close()
+                return "no-content-length"
+            reply = await asyncio.wait_for(self.reader.readexactly(int(length.group(1))), timeout)
+            code = head[9:12].decode()
+            if re.search(rb"(?im)^connection:[ \t]*close", head):
+                self.close()
+            return "200-partial" if code == "200" and b'"partial":true' in reply else code
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError) as exc:
+            self.close()
+            return type(exc).__name__
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def raw_closed_loop(url: str, bodies, ids, seconds: float, lat: list, codes: dict) -> None:
+    """closed_loop() with a RawClient per client instead of a shared httpx pool."""
+    until = time.perf_counter() + seconds
+
+    async def client(i: int) -> None:
+        j, conn = i * 37, RawClient(url)
+        try:
+            while time.perf_counter() < until:
+                body, j = json.dumps(bodies(j)).encode(), j + 1
+                t = time.perf_counter()
+                code = await conn.post(body)
+                lat.append(time.perf_counter() - t)
+                codes[code] = codes.get(code, 0) + 1
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client(i) for i in ids))
+
+
 def cpu_s() -> float:
     """This process's user + system CPU seconds."""
     return sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 
 
-def clients_window(url: str, bodies, ids, warm_s: float, measure_s: float, between) -> dict:
-    """Clients `ids` in this process over one connection pool: the warm-up, `between()`, then the measured window
-    (its latencies, status codes, length and this process's CPU seconds over it)."""
+def clients_window(url: str, bodies, ids, warm_s: float, measure_s: float, between, kind: str = "raw") -> dict:
+    """Clients `ids` in this process (`kind` raw: a RawClient each; httpx: one httpx connection pool): the warm-up,
+    `between()`, then the measured window (its latencies, status codes, length and this process's CPU seconds)."""
     out = {"lat": [], "codes": {}}
 
+    async def window(loop) -> None:
+        await loop(warm_s, [], {})
+        between()
+        cpu0, t0 = cpu_s(), time.perf_counter()
+        await loop(measure_s, out["lat"], out["codes"])
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t0, cpu_s() - cpu0
+
     async def both() -> None:
+        if kind == "raw":
+            return await window(lambda seconds, lat, codes: raw_closed_loop(url, bodies, ids, seconds, lat, codes))
         limits = httpx.Limits(max_connections=len(ids) + 4, max_keepalive_connections=len(ids) + 4)
         async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-            await closed_loop(http, url, bodies, ids, warm_s, [], {})
-            between()
-            cpu0, t0 = cpu_s(), time.perf_counter()
-            await closed_loop(http, url, bodies, ids, measure_s, out["lat"], out["codes"])
-            out["seconds"], out["cpu_s"] = time.perf_counter() - t0, cpu_s() - cpu0
+            await window(lambda seconds, lat, codes: closed_loop(http, url, bodies, ids, seconds, lat, codes))
 
     asyncio.run(both())
     return out
 
 
-def client_proc(url: str, bodies, ids, warm_s: float, measure_s: float, barrier, queue) -> None:
+def client_proc(url: str, bodies, ids, warm_s: float, measure_s: float, barrier, queue, kind: str) -> None:
     """A spawned client process: warm up, wait while the parent reads /metrics (between two barriers), measure."""
     try:
-        queue.put(clients_window(url, bodies, ids, warm_s, measure_s, lambda: (barrier.wait(), barrier.wait())))
+        queue.put(clients_window(url, bodies, ids, warm_s, measure_s, lambda: (barrier.wait(), barrier.wait()), kind))
     except BaseException as exc:  # noqa: BLE001 - the parent reports it
         barrier.abort()
         queue.put({"error": repr(exc)})
@@ -266,12 +335,12 @@ def run_clients(url: str, bodies, clients: int, procs: int, args, port: int,
     before = {}
     if procs == 1:
         outs = [clients_window(url, bodies, range(clients), args.warm_s, args.measure_s,
-                               lambda: (before.update(stage_sums(port)), at_start()))]
+                               lambda: (before.update(stage_sums(port)), at_start()), args.client)]
         return outs, before, stage_sums(port)
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(procs + 1, timeout=120 + args.warm_s), ctx.Queue()
     children = [ctx.Process(target=client_proc, args=(url, bodies, range(p, clients, procs), args.warm_s,
-                                                      args.measure_s, barrier, queue), daemon=True)
+                                                      args.measure_s, barrier, queue, args.client), daemon=True)
                 for p in range(procs)]
     for child in children:
         child.start()
@@ -371,7 +440,7 @@ def cell(run: Run, args, name: str, server: str, port: int, path: str, bodies, n
            "n": len(lat), "seconds": round(wall, 2),
            "qps": round(len(lat) / wall, 2), "ok_qps": round(ok, 2), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
            "p99_ms": pct(0.99), "codes": codes, "stage_means": stage_means(before, after),
-           "load_avg": list(os.getloadavg()), "client_procs": procs,
+           "load_avg": list(os.getloadavg()), "client": args.client, "client_procs": procs,
            "client_cpu_s_per_request": round(client_cpu / len(lat), 5) if lat else None,
            "client_busy_max": round(max(o["cpu_s"] / o["seconds"] for o in outs), 3)}
     if per_request > 1:
@@ -506,6 +575,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8810)
     parser.add_argument("--client-procs", type=int, help="processes the clients of a cell are spread over "
                         "(default: ceil(clients / 8), at most half the CPUs; 0 or 1: this process)")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="raw: a minimal HTTP/1.1 client "
+                        "per connection (RawClient); httpx: httpx.AsyncClient, the client of the thirty-fifth "
+                        "session's run")
     parser.add_argument("--no-ce-tokens", action="store_true", help="build: leave out the cross-encoder's token ids "
                         "(by default added after the timed build, so /search with the CE tokenizes only its query)")
     parser.add_argument("--spy", type=float, default=0.0, help="seconds of py-spy (on PATH) over the server and its "
