@@ -218,13 +218,14 @@ def cmd_build(args, settings: Settings) -> None:
     if args.faiss == "auto":
         params = {"ann_min_rows": settings.ann_min_rows, **({"nlist": args.nlist} if args.nlist else {})}
     extra = {k: v for k, v in found.items() if k != "primary"}
-    docs = list(read_beir_corpus(args.corpus))
+    docs, timings = list(read_beir_corpus(args.corpus)), {}
     manifest = build_index(docs, found["primary"], args.out, dtype=args.dtype,
                            faiss_kind=args.faiss, faiss_params=params, cache_dir=settings.cache_dir,
                            extra_stores=extra or None, lexical=lexical_of(args, settings),
-                           lexical_processes=args.lexical_processes or build_processes(len(docs)))
+                           lexical_processes=args.lexical_processes or build_processes(len(docs)), timings=timings)
     print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version,
-                      "lexical": manifest.lexical or None}))
+                      "lexical": manifest.lexical or None,
+                      "seconds": {part: round(s, 2) for part, s in timings.items()}}))
 
 
 def lexical_of(args, settings: Settings):

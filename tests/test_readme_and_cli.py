@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,11 +66,28 @@ def sieve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})}, timeout=300)
 
 
+def test_cli_build_tokenizes_bm25_in_other_processes_to_the_same_scores(tmp_path, cache_dir):
+    """`--lexical-processes 2`: the BM25 part tokenized in two spawned processes while the documents are encoded
+    (from `python -m sieve.cli`, as `sieve` runs), and every query term scores every document as with one."""
+    from sieve.index import SearchIndex
+
+    env = {"SIEVE_CACHE_DIR": str(cache_dir)}
+    for name, processes in (("one", "1"), ("two", "2")):
+        out = sieve("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / name), "--faiss", "flat",
+                    "--lexical-processes", processes, env=env)
+        assert out.returncode == 0, out.stderr
+    one, two = SearchIndex.load(tmp_path / "one"), SearchIndex.load(tmp_path / "two")
+    for query in ("bread baking oven", "the planets of the solar system", "green tea"):
+        assert np.array_equal(one.lexical_scores(query), two.lexical_scores(query)), query
+        assert one.lexical_scores(query).any(), query
+
+
 def test_cli_build_add_delete(tmp_path, cache_dir):
     env = {"SIEVE_CACHE_DIR": str(cache_dir)}
     out = sieve("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "idx"), "--faiss", "hnsw", env=env)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.splitlines()[-1])["count"] == 60
+    built = json.loads(out.stdout.splitlines()[-1])
+    assert built["count"] == 60 and set(built["seconds"]) == {"encode", "lexical_wait", "write"}
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"_id": "new-1", "title": "Tea", "text": "Green tea is steamed."}) + "\n")
     added = sieve("index", "add", "--index", str(tmp_path / "idx"), "--corpus", str(extra), env=env)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -62,21 +63,28 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
                 faiss_params: dict | None = None, cache_dir: Path | None = None,
                 progress: bool = True,
                 extra_stores: dict[str, DocumentEncoder] | None = None,
-                lexical: LexicalConfig | None = LexicalConfig(), lexical_processes: int = 1) -> Manifest:
+                lexical: LexicalConfig | None = LexicalConfig(), lexical_processes: int = 1,
+                timings: dict[str, float] | None = None) -> Manifest:
     """Encode `docs` and publish them as a new version of the index at `out_dir`, with a BM25 part unless
     `lexical` is None. `lexical_processes` > 1: the BM25 part is tokenized in that many processes while the
     documents are encoded (lexical.build_processes; the program's main module must be guarded, as for any
-    multiprocessing); 1: in this process, after the encoding."""
+    multiprocessing); 1: in this process, after the encoding. `timings`, when given, gets the seconds of each part:
+    `encode` (every store's encoder, or its cache), `lexical_wait` (waiting for those processes after it) and
+    `write` (the segment, BM25 included when tokenized here, FAISS, fsync, publishing)."""
     docs, out_dir, extra_stores = list(docs), Path(out_dir), dict(extra_stores or {})
     params = _validate_build(docs, dtype, faiss_kind, faiss_params, list(extra_stores), lexical)
     texts = [d.full_text for d in docs]
+    timings = {} if timings is None else timings
     tokenizing = TokenizingInParallel(texts, lexical, lexical_processes) \
         if lexical is not None and lexical_processes > 1 and docs else None
     try:
+        started = time.perf_counter()
         arrays = {None: _in_memory(encode_cached(encoder, texts, cache_dir, progress))}
         for name, enc in extra_stores.items():
             arrays[name] = _in_memory(encode_cached(enc, texts, cache_dir, progress))
+        timings["encode"] = time.perf_counter() - started
         terms = tokenizing.result() if tokenizing is not None else None
+        timings["lexical_wait"] = time.perf_counter() - started - timings["encode"]
     finally:
         if tokenizing is not None:
             tokenizing.pool.shutdown(cancel_futures=True)
@@ -88,10 +96,13 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
         lexical=lexical.to_dict() if lexical is not None else {})
     ann = segment_ann(faiss_kind, params, len(docs), whole=True)
     segment = SegmentPlan(docs, arrays, ann, segment_params(faiss_kind, params, len(docs)), terms)
+    started = time.perf_counter()
     with writer_lock(out_dir):
         finish_manifest(manifest, docs, rebuild_version_number(out_dir))
         manifest.segments = [new_segment_spec(version_name(manifest.version), len(docs), ann)]
-        return write_version(out_dir, VersionPlan(manifest, segment))
+        written = write_version(out_dir, VersionPlan(manifest, segment))
+    timings["write"] = time.perf_counter() - started
+    return written
 
 
 def check_encoders(m: Manifest, encoders: dict[str, DocumentEncoder], index_dir: Path) -> None:
