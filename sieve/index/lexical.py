@@ -126,7 +126,8 @@ def build_processes(n_docs: int) -> int:
     them costs more than it saves."""
     if n_docs < PARALLEL_MIN_DOCS:
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)), n_docs // PARALLEL_CHUNK_DOCS))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, n_docs // PARALLEL_CHUNK_DOCS))
 
 
 class TokenizingInParallel:
