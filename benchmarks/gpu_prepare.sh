@@ -2,11 +2,10 @@
 # The device machine receives the repository's working tree (tracked files, untracked ones git does not ignore, and
 # the carried .gpu), which must stay under 64 MiB. The tracked files alone are ~72 MB
 # (sieve/checkpoints/cross-encoder/model.safetensors 45 MB, sieve/checkpoints/cmc/cmc.safetensors 7 MB,
-# benchmarks/results/ 15.6 MB) and .gpu with its wheels is ~59 MB. What worked, by hand (this script does not do it):
-#   before the device call: git rm -q -r --cached sieve/checkpoints/cross-encoder/model.safetensors \
-#                             sieve/checkpoints/cmc/cmc.safetensors benchmarks/results
-#                           and list those three paths in .git/info/exclude
-#   afterwards:             git reset -q, and remove those lines from .git/info/exclude
+# benchmarks/results/ 15.6 MB) and .gpu with its wheels is ~59 MB. What worked (this script does not do it):
+#   before the device call: bash benchmarks/gpu_tree.sh slim      (git rm --cached of those three paths, and
+#                                                                   lists them in .git/info/exclude)
+#   afterwards:             bash benchmarks/gpu_tree.sh restore   (git reset -q; the exclude lines removed)
 # The last lines printed are the bytes that would travel now, with a warning over 64 MiB.
 # Lays out .gpu/ at the repository root for benchmarks/gpu_run.sh on a CUDA machine whose python3 has torch but
 # reaches no registry: wheels of Sieve's other dependencies (the versions in VENV), Sieve's source (this commit,
