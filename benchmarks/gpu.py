@@ -18,6 +18,9 @@ Sections (--sections, run in the order given; each server is started, measured a
            the ratios
   cpufp32  the CPU mode with SIEVE_PRECISION=fp32, default /search at 16 clients (on the H200 machine's CPU the bf16
            query tower took 1.6 s per /search: benchmarks/results/gpu_nvidia_h200.json)
+  zerocost the machine's serving ceiling on its CPUs: benchmarks/zero_cost.py (the model forwards replaced by stand-ins
+           that cost ~nothing, SIEVE_DEVICE=cpu) with --zerocost-workers workers (default half the CPUs, the automatic
+           count on the H200 machine), the default /search at 16 / 64 / 128 clients: what the CPU side alone can answer
   workers  `sieve serve --workers N` for each N of --workers (1, 2, 4, 8): the default /search at 64 and 128 clients
            (the other sections run SIEVE_WORKERS unset: the automatic count, which /readyz `workers` records)
 
@@ -69,7 +72,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
-SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "cpufp32", "workers")
+SECTIONS = ("build", "micro", "serve", "papercmc", "nobatch", "cpu", "cpufp32", "zerocost", "workers")
 DEFAULT = {}  # the default /search: the server's retriever, reranker and top_k 10
 DEFAULT_CE = {"cross_encoder": True, "cmc_k": 16}  # the default /search with the cross-encoder on its top 16
 BE_CMC = {"retriever": "be", "rerank": "cmc", "cross_encoder": False}  # retrieve_k 512 by default
@@ -128,10 +131,16 @@ def server_env(args, device: str, extra: dict | None = None) -> dict:
     return {**env, **(extra or {})}
 
 
-def start(run: Run, name: str, env: dict, port: int, workers: int | None, logs: Path):
-    cmd = [sieve_bin(), "serve", "--port", str(port)]
-    if workers:
-        cmd += ["--workers", str(workers)]
+def start(run: Run, name: str, env: dict, port: int, workers: int | None, logs: Path, zero_cost: bool = False):
+    """`sieve serve` (or, zero_cost, benchmarks/zero_cost.py: the same server with its model forwards replaced by
+    stand-ins costing ~nothing, on SIEVE_PORT) on `port`, once /readyz answers 200; None if it never does."""
+    if zero_cost:
+        cmd = [sys.executable, str(Path(__file__).with_name("zero_cost.py")), "--workers", str(workers or 1)]
+        env = {**env, "SIEVE_PORT": str(port)}
+    else:
+        cmd = [sieve_bin(), "serve", "--port", str(port)]
+        if workers:
+            cmd += ["--workers", str(workers)]
     t0, log = time.time(), open(logs / f"serve-{name}.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
     ready = None
@@ -468,9 +477,9 @@ def reranks(queries: list[str], docs: list[str], n: int) -> Bodies:
 
 
 def serve_section(run: Run, args, name: str, device: str, cells: list, extra_env: dict | None = None,
-                  workers: int | None = None) -> None:
+                  workers: int | None = None, zero_cost: bool = False) -> None:
     port = args.port + len(run.data["servers"])
-    proc = start(run, name, server_env(args, device, extra_env), port, workers, args.work)
+    proc = start(run, name, server_env(args, device, extra_env), port, workers, args.work, zero_cost)
     if proc is None:
         return
     try:
@@ -549,7 +558,10 @@ def ratios(run: Run) -> dict:
            "rerank100_1_device_over_cpu": ratio(find("device", "rerank-ce-100", 1, "pairs_per_s"),
                                                 find("cpu", "rerank-ce-100", 1, "pairs_per_s")),
            "search_16_batching_over_none": ratio(find("device", "default", 16, "ok_qps"),
-                                                 find("nobatch", "default", 16, "ok_qps"))}
+                                                 find("nobatch", "default", 16, "ok_qps")),
+           # the GPU server against what the same machine's CPUs answer with forwards that cost nothing
+           "search_64_device_over_zerocost": ratio(find("device", "default", 64, "ok_qps"),
+                                                   find("zerocost", "default", 64, "ok_qps"))}
     for n in args_workers(run):
         if n != 1:
             out[f"search_64_workers{n}_over_one"] = ratio(find(f"workers{n}", "default", 64, "ok_qps"),
@@ -577,6 +589,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8810)
     parser.add_argument("--client-procs", type=int, help="processes the clients of a cell are spread over "
                         "(default: ceil(clients / 8), at most half the CPUs; 0 or 1: this process)")
+    parser.add_argument("--zerocost-workers", type=int, help="workers of the zerocost section's server "
+                        "(default: half the CPUs)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="raw: a minimal HTTP/1.1 client "
                         "per connection (RawClient); httpx: httpx.AsyncClient, the client of the thirty-fifth "
                         "session's run")
@@ -625,6 +639,9 @@ def main(argv=None) -> None:
         "cpu": lambda: serve_section(run, args, "cpu", "cpu", [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)],
             ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)]),
+        "zerocost": lambda: serve_section(run, args, "zerocost", "cpu", [
+            ("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64, 128)],
+            workers=args.zerocost_workers or max(1, (os.cpu_count() or 2) // 2), zero_cost=True),
         "workers": lambda: [serve_section(run, args, f"workers{n}", args.device, [
             ("default", "/search", searches(queries, DEFAULT), c, 1) for c in (64, 128)], workers=n) for n in workers],
     }

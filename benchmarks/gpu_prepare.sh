@@ -22,6 +22,7 @@ EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE"
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"  # never committed
 cp benchmarks/gpu_run.sh $G/
 git archive HEAD sieve pyproject.toml README.md benchmarks/gpu.py benchmarks/gpu_micro.py benchmarks/gpu_models.py \
+  benchmarks/zero_cost.py \
   | tar -x -C $G/src
 git rev-parse HEAD > $G/src/COMMIT
 find $G/src -name '*.safetensors' -size +1M -delete
