@@ -87,7 +87,7 @@ def build_index(docs: Sequence[Document], encoder: DocumentEncoder, out_dir: str
         timings["lexical_wait"] = time.perf_counter() - started - timings["encode"]
     finally:
         if tokenizing is not None:
-            tokenizing.pool.shutdown(cancel_futures=True)
+            tokenizing.shutdown()
     manifest = Manifest(
         format_version=FORMAT_VERSION, model_name=encoder.name,
         model_hash=encoder.weights_hash, dim=int(encoder.dim), count=0, dtype=dtype,

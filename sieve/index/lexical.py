@@ -12,10 +12,12 @@ The analyzer is bm25s's tokenizer (lower-casing, a word regex), a language's sto
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from itertools import chain
@@ -28,6 +30,7 @@ LEXICAL_DIR = "bm25"
 ENGINE = "bm25s"
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s.tokenize's default (scikit-learn's CountVectorizer)
 NO_LANGUAGE = "none"
+log = logging.getLogger("sieve")
 # a segment of at least PARALLEL_MIN_DOCS documents is tokenized in several processes, each given at least
 # PARALLEL_CHUNK_DOCS: the tokenizer's Python took 5.5 s for 46,647 SciFact abstracts on one Zen 4 core, and a
 # process starts in about 0.3 s (RESULTS.md, issue 32)
@@ -138,20 +141,34 @@ class TokenizingInParallel:
     any multiprocessing code it needs a program whose main module is guarded by `if __name__ == "__main__"`."""
 
     def __init__(self, texts: Sequence[str], config: LexicalConfig, processes: int):
+        self.texts, self.config = texts, config
         size = -(-len(texts) // max(processes, 1))
         chunks = [list(texts[i:i + size]) for i in range(0, len(texts), size)] or [[]]
-        self.pool = ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("spawn"))
+        self.pool, self.futures = None, []
         try:
+            self.pool = ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("spawn"))
             self.futures = [self.pool.submit(tokenized, chunk, config) for chunk in chunks]
-        except BaseException:
+        except (OSError, NotImplementedError, BrokenProcessPool) as exc:  # no processes here: after the encoding
+            log.warning("BM25 tokenizing stays in this process (%s: %s)", type(exc).__name__, exc)
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
-            raise
+        self.pool = None
 
     def result(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """The merged terms; tokenized in this process instead when the processes could not start or one of them
+        died (a build's encoding is not lost to a tokenizer process)."""
+        if self.pool is None:
+            return tokenized(self.texts, self.config)
         try:
             parts = [future.result() for future in self.futures]
+        except BrokenProcessPool as exc:
+            log.warning("a BM25 tokenizing process died (%s): tokenizing in this process", exc)
+            return tokenized(self.texts, self.config)
         finally:
-            self.pool.shutdown(cancel_futures=True)
+            self.shutdown()
         ids: dict[str, int] = {}
         flats, lengths = [], []
         for flat, counts, vocab in parts:

@@ -121,6 +121,37 @@ def test_a_large_segment_tokenized_over_processes_gets_the_terms_of_one(monkeypa
     assert lexical.build_processes(9) == 1 and lexical.build_processes(12) == min(len(os.sched_getaffinity(0)), 3)
 
 
+@pytest.mark.parametrize("failure", ["cannot start", "a process died"])
+def test_bm25_tokenizing_falls_back_to_this_process(monkeypatch, caplog, failure):
+    """No process pool on this platform, or a tokenizing process killed (OOM): the build's terms come from this
+    process instead, the same as always; the encoding done meanwhile is not lost."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from sieve.index import lexical
+    from tests.conftest import DEMO_CORPUS
+
+    class Pool:  # stands in for the stdlib executor: fails to start, or its futures fail as a dead process's do
+        def __init__(self, *args, **kwargs):
+            if failure == "cannot start":
+                raise OSError("no /dev/shm")
+
+        def submit(self, *args):
+            future = Future()
+            future.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+            return future
+
+        def shutdown(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(lexical, "ProcessPoolExecutor", Pool)
+    texts = [line for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()]
+    flat, lengths, vocab = lexical.tokenized(texts, LexicalConfig())
+    pflat, plengths, pvocab = lexical.TokenizingInParallel(texts, LexicalConfig(), 2).result()
+    assert plengths.tolist() == lengths.tolist() and [pvocab[i] for i in pflat] == [vocab[i] for i in flat]
+    assert "in this process" in caplog.text
+
+
 def loop_over_terms(index, query: str) -> np.ndarray:
     """BM25 of every live row, adding term after term, segment after segment (the reference formula)."""
     from sieve.index.lexical import _counted
