@@ -16,37 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu  # noqa: E402
+import overhead  # noqa: E402
 from sieve.evaluation.report import machine_info  # noqa: E402
-
-
-def serve(index: Path, port: int, workers: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "SIEVE_INDEX_DIR": str(index), "SIEVE_PORT": str(port), "SIEVE_LOG_LEVEL": "warning",
-           "SIEVE_CACHE_ENABLED": "false", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "zero_cost.py"), "--workers", str(workers)],
-                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); see {log}")
-        time.sleep(0.5)
-    raise SystemExit(f"the server was not ready in 300 s; see {log}")
 
 
 def main() -> None:
@@ -58,14 +37,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warm-s", type=float, default=2.0)
     parser.add_argument("--measure-s", type=float, default=8.0)
-    parser.add_argument("--port", type=int, default=8830)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     queries = [json.loads(line)["text"] for line in args.queries.open()][:300]
     bodies = gpu.Bodies(queries, {})
-    url = f"http://127.0.0.1:{args.port}/search"
-    proc = serve(args.index, args.port, args.workers, Path("/tmp/client_cost_server.log"))
+    server = overhead.Side("zero-cost", REPO, args.workers, zero_cost=True, env={"SIEVE_CACHE_ENABLED": "false"})
+    overhead.start(server, args.index, Path("/tmp/client_cost_server.log"))
+    url = f"{server.url}/search"
     rows = []
     try:
         for r in range(args.rounds):
@@ -83,8 +62,7 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        overhead.stop(server)
     print("\n| clients | client | QPS by round | client CPU ms/request | p50 ms |\n|---:|---|---|---|---|")
     summary = {}
     for clients in sorted({row["clients"] for row in rows}):

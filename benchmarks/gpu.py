@@ -212,23 +212,40 @@ class Bodies:
                 "documents": [self.docs[(j * 101 + i * 7) % len(self.docs)] for i in range(self.n)]}
 
 
-async def closed_loop(http: httpx.AsyncClient, url: str, bodies, ids, seconds: float, lat: list, codes: dict) -> None:
+class HttpxClient:
+    """One closed-loop client's view of a shared httpx.AsyncClient (--client httpx): send() as RawClient's."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str):
+        self.http, self.url = http, url
+
+    async def send(self, body: dict) -> str:
+        try:
+            reply = await self.http.post(self.url, json=body, headers={"Cache-Control": "no-cache"})
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        code = str(reply.status_code)
+        return "200-partial" if code == "200" and reply.json().get("partial") else code
+
+    def close(self) -> None:
+        pass
+
+
+async def closed_loop(connect, bodies, ids, seconds: float, lat: list, codes: dict) -> None:
+    """Clients `ids`, each on connect() (a RawClient or an HttpxClient), sending body i*37, i*37+1, ... as soon as
+    its previous reply is in, for `seconds`: each reply's latency and its code (RawClient.post's) counted."""
     until = time.perf_counter() + seconds
 
     async def client(i: int) -> None:
-        j = i * 37
-        while time.perf_counter() < until:
-            body, j = bodies(j), j + 1
-            t = time.perf_counter()
-            try:
-                reply = await http.post(url, json=body, headers={"Cache-Control": "no-cache"})
-                code = str(reply.status_code)
-                if code == "200" and reply.json().get("partial"):
-                    code = "200-partial"
-            except httpx.HTTPError as exc:
-                code = type(exc).__name__
-            lat.append(time.perf_counter() - t)
-            codes[code] = codes.get(code, 0) + 1
+        j, conn = i * 37, connect()
+        try:
+            while time.perf_counter() < until:
+                body, j = bodies(j), j + 1
+                t = time.perf_counter()
+                code = await conn.send(body)
+                lat.append(time.perf_counter() - t)
+                codes[code] = codes.get(code, 0) + 1
+        finally:
+            conn.close()
 
     await asyncio.gather(*(client(i) for i in ids))
 
@@ -267,6 +284,9 @@ class RawClient:
             self.close()
             return type(exc).__name__
 
+    async def send(self, body: dict) -> str:
+        return await self.post(json.dumps(body).encode())
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -274,22 +294,8 @@ class RawClient:
 
 
 async def raw_closed_loop(url: str, bodies, ids, seconds: float, lat: list, codes: dict) -> None:
-    """closed_loop() with a RawClient per client instead of a shared httpx pool."""
-    until = time.perf_counter() + seconds
-
-    async def client(i: int) -> None:
-        j, conn = i * 37, RawClient(url)
-        try:
-            while time.perf_counter() < until:
-                body, j = json.dumps(bodies(j)).encode(), j + 1
-                t = time.perf_counter()
-                code = await conn.post(body)
-                lat.append(time.perf_counter() - t)
-                codes[code] = codes.get(code, 0) + 1
-        finally:
-            conn.close()
-
-    await asyncio.gather(*(client(i) for i in ids))
+    """closed_loop() with a RawClient per client."""
+    await closed_loop(lambda: RawClient(url), bodies, ids, seconds, lat, codes)
 
 
 def cpu_s() -> float:
@@ -302,19 +308,19 @@ def clients_window(url: str, bodies, ids, warm_s: float, measure_s: float, betwe
     `between()`, then the measured window (its latencies, status codes, length and this process's CPU seconds)."""
     out = {"lat": [], "codes": {}}
 
-    async def window(loop) -> None:
-        await loop(warm_s, [], {})
+    async def window(connect) -> None:
+        await closed_loop(connect, bodies, ids, warm_s, [], {})
         between()
         cpu0, t0 = cpu_s(), time.perf_counter()
-        await loop(measure_s, out["lat"], out["codes"])
+        await closed_loop(connect, bodies, ids, measure_s, out["lat"], out["codes"])
         out["seconds"], out["cpu_s"] = time.perf_counter() - t0, cpu_s() - cpu0
 
     async def both() -> None:
         if kind == "raw":
-            return await window(lambda seconds, lat, codes: raw_closed_loop(url, bodies, ids, seconds, lat, codes))
+            return await window(lambda: RawClient(url))
         limits = httpx.Limits(max_connections=len(ids) + 4, max_keepalive_connections=len(ids) + 4)
         async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-            await window(lambda seconds, lat, codes: closed_loop(http, url, bodies, ids, seconds, lat, codes))
+            await window(lambda: HttpxClient(http, url))
 
     asyncio.run(both())
     return out

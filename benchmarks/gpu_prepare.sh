@@ -55,8 +55,7 @@ for line in sys.stdin:
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d $G/whl $pins
 fi
 du -sh $G
-tree=$( (git ls-files; git ls-files --others --exclude-standard) | sort -u \
-  | while IFS= read -r f; do [ -f "$f" ] && [ ! -L "$f" ] && stat -c %s -- "$f"; done | awk '{s += $1} END {print s + 0}')
+tree=$(bash "$ROOT/benchmarks/gpu_tree.sh" size)
 gpu=$(du -sb $G | cut -f1); total=$((tree + gpu))
 echo "working tree $tree bytes + .gpu $gpu bytes = $total bytes"
 [ $total -le $((64 * 1024 * 1024)) ] || echo "WARNING: over 64 MiB: the device machine will not take it (see the top of this script)"
