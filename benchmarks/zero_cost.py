@@ -8,7 +8,9 @@ validation, tokenization, the batchers, FAISS, BM25, fusion and evidence feature
 
 - query tower: (input_ids, attention_mask) -> (B, d) unit vectors looked up from a fixed random table by the first
   word piece (the query still picks different documents), one gather, ~µs;
-- CMC: (query, candidates, mask, evidence) -> (B, K) = -position, i.e. the first-stage order kept, ~µs.
+- CMC: (query, candidates, mask, evidence) -> (B, K) = -position, i.e. the first-stage order kept, ~µs;
+- the in-process cross-encoder's forward: (input_ids, attention_mask, ...) -> (B,) = -tokens of each pair, ~µs
+  (its tokenizer and pair layout run as shipped).
 
     PYTHONPATH=TREE python benchmarks/zero_cost.py [--workers N]   # serves SIEVE_INDEX_DIR on SIEVE_PORT
 
@@ -44,6 +46,19 @@ class CMCStandIn(torch.nn.Module):
         return -torch.arange(k, dtype=torch.float32, device=candidates.device).expand(batch, k)  # (B, K)
 
 
+class CrossEncoderStandIn(torch.nn.Module):
+    """A pair's score from its token count alone; keeps the head's own pair layout (pair_inputs), so the requests'
+    pairs are tokenized and laid out as with the real head."""
+
+    def __init__(self, head: torch.nn.Module):
+        super().__init__()
+        if hasattr(head, "pair_inputs"):
+            self.pair_inputs = head.pair_inputs
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        return -attention_mask.sum(dim=1).float()  # (B,)
+
+
 def install() -> None:
     """Replace the served forwards once start-up has put them in place (a no-op when called again)."""
     from sieve.service import components
@@ -60,6 +75,9 @@ def install() -> None:
             cmc.model = CMCStandIn()
             if cmc.query_tower is not biencoder:
                 cmc.query_tower.query_module = QueryTowerStandIn(cmc.query_tower.dim, seed=1)
+        ce = models.get("ce")
+        if hasattr(ce, "scorer") and hasattr(ce, "tokenizer"):  # in process (a remote one is left alone)
+            ce.scorer = CrossEncoderStandIn(ce.scorer)
         return {stage: {**rec, "reason": f"zero-cost stand-in (benchmarks/zero_cost.py); {rec['reason']}"}
                 for stage, rec in record.items()}
 

@@ -1,6 +1,6 @@
 """Each document's cross-encoder token ids, kept in the index as the store "ce_tokens", so that a /search with the
-cross-encoder tokenizes only its query and lays the pairs out from stored ids (the documents' texts are neither read
-from SQLite nor tokenized per request).
+cross-encoder, and a /rerank of indexed documents, tokenizes only its query and lays the pairs out from stored ids
+(the documents' texts are neither read from SQLite nor tokenized per request).
 
 For the heads that lay out their own pairs from token ids (`pair_inputs`: "gated", the shipped head), the ids a pair
 is built from are the document's first `max_length` tokens without special tokens, whatever the query: stored once
@@ -43,30 +43,25 @@ def document_ids(tokenizer, documents: Sequence[str], max_length: int) -> list[l
     the cut left max_length tokens and whitespace between the last of them and the cut: the word the cut split
     comes after every kept token, and tokenizers split words at whitespace. Any other document longer than the cut
     is tokenized again as before (clip_all's bound). Same ids, less text read: building the pairs of a /rerank of
-    100 SciFact abstracts read ~1,500 characters each for 128 tokens."""
-    first_cut = max_length * FIRST_CHARS_PER_TOKEN
-    long = [i for i, d in enumerate(documents) if len(d) > first_cut]
-    ids = _ids(tokenizer, [d if len(d) <= first_cut else "" for d in documents] if long else documents, max_length)
-    if not long:
-        return ids
-    cut = [documents[i][:first_cut] for i in long]
-    first = tokenizer(cut, add_special_tokens=False, truncation=True, max_length=max_length,
-                      return_offsets_mapping=True)
-    again = []
-    for i, text, row, offsets in zip(long, cut, first["input_ids"], first["offset_mapping"]):
-        if len(row) == max_length and _space_after(text, offsets[-1][1]):
-            ids[i] = row
-        else:
-            again.append(i)
-    for i, row in zip(again, _ids(tokenizer, clip_all([documents[i] for i in again], max_length), max_length)):
-        ids[i] = row
-    return ids
-
-
-def _ids(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
-    if not texts:
+    100 SciFact abstracts read ~1,500 characters each for 128 tokens. Tokenized by `unlocked(tokenizer)`: callers
+    in many threads at once run in parallel."""
+    if not documents:
         return []
-    return tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+    backend = unlocked(tokenizer)
+    first_cut = max_length * FIRST_CHARS_PER_TOKEN
+    cut = [d[:first_cut] for d in documents]
+    ids, again = [], []
+    for i, (document, text, encoding) in enumerate(zip(documents, cut, backend.encode_batch(cut, add_special_tokens=False))):
+        row = encoding.ids[:max_length]
+        ids.append(row)
+        if len(document) > len(text) and not (len(row) == max_length
+                                              and _space_after(text, encoding.offsets[max_length - 1][1])):
+            again.append(i)
+    if again:
+        texts = clip_all([documents[i] for i in again], max_length)
+        for i, encoding in zip(again, backend.encode_batch(texts, add_special_tokens=False)):
+            ids[i] = encoding.ids[:max_length]
+    return ids
 
 
 def _space_after(text: str, end: int) -> bool:
@@ -77,9 +72,28 @@ def query_ids(tokenizer, queries: Sequence[str], query_max_length: int) -> list[
     """Each query's first query_max_length token ids; a query repeated (one per document of a /rerank) is tokenized
     once, and its rows share one list."""
     unique = list(dict.fromkeys(queries))
-    ids = dict(zip(unique, tokenizer(clip_all(unique, query_max_length), add_special_tokens=False, truncation=True,
-                                     max_length=query_max_length)["input_ids"]))
+    encodings = unlocked(tokenizer).encode_batch(clip_all(unique, query_max_length), add_special_tokens=False)
+    ids = {q: encoding.ids[:query_max_length] for q, encoding in zip(unique, encodings)}
     return [ids[q] for q in queries]
+
+
+_UNLOCKED: dict[int, tuple[object, object]] = {}
+
+
+def unlocked(tokenizer):
+    """A private copy of a fast tokenizer's backend (tokenizers.Tokenizer) that nothing reconfigures: no truncation,
+    no padding, ever. The transformers wrapper sets the shared backend's truncation on a call whose settings differ
+    from the last, which is why serving locks each tokenizer (pipeline/threadsafe.py) and tokenizes one call at a
+    time; this copy is only read, so threads call it at once without a lock, each call's Rust part outside the
+    interpreter lock (ids are cut to length by the caller: the first n ids, as truncation keeps them). One copy per
+    backend, made on first use."""
+    backend = tokenizer.backend_tokenizer
+    found = _UNLOCKED.get(id(backend))
+    if found is None or found[0] is not backend:
+        from sieve.models.text_encoder import token_counter  # made as the query's token counter is
+
+        found = _UNLOCKED[id(backend)] = (backend, token_counter(tokenizer))  # the backend kept: its id not reused
+    return found[1]
 
 
 def pack(ids: Sequence[Sequence[int]], width: int) -> np.ndarray:

@@ -161,7 +161,8 @@ class CrossEncoderRerank:
     """Jointly encodes (query, document) for the first `k` candidates; the rest keep their order below them.
     Batched across requests: all pairs are length-sorted and packed into forward passes of at most
     `batch_tokens` (pairs x longest pair) tokens. On an index holding this cross-encoder's document token ids
-    (models/ce_tokens.py) the documents are read as ids, and only the queries are tokenized."""
+    (models/ce_tokens.py) the documents are read as ids (a /search's candidates, a /rerank's indexed documents),
+    and only the queries and any other texts are tokenized."""
 
     name = "ce"
     skippable = True
@@ -172,18 +173,22 @@ class CrossEncoderRerank:
         self.k = k
         self.batch_tokens = batch_tokens
         self.batch_key = f"ce:{id(cross_encoder)}"
+        self.by_ids = ce_tokens.supports(cross_encoder)
         self.stored = index is not None and ce_tokens.stored_for(cross_encoder, index)
 
-    def documents(self, candidates: Candidates, n: int) -> list[str] | np.ndarray:
-        """The first n candidates' texts, or their stored token ids ((n, width) rows) when the index has them."""
-        if self.stored and candidates.texts is None and (candidates.rows[:n] >= 0).all():
-            return self.index.embeddings(candidates.rows[:n], store=ce_tokens.STORE)  # (n, width)
-        return self.texts(candidates, n)
-
-    def texts(self, candidates: Candidates, n: int) -> list[str]:
-        if candidates.texts is not None:
-            return candidates.texts[:n]
-        return [doc.full_text for doc in self.index.documents(candidates.rows[:n])]
+    def documents(self, candidates: Candidates, n: int) -> list[str | list[int]]:
+        """The first n candidates' texts, each one's stored token ids instead where the index holds them (a row >= 0
+        that comes with a text has the indexed text: pipeline/rerank_inputs.py indexed_rows)."""
+        rows = candidates.rows[:n]
+        known = np.flatnonzero(rows >= 0) if self.stored else np.empty(0, dtype=np.int64)
+        if len(known) == n:
+            return ce_tokens.unpack(self.index.embeddings(rows, store=ce_tokens.STORE))
+        texts = (list(candidates.texts[:n]) if candidates.texts is not None
+                 else [doc.full_text for doc in self.index.documents(rows)])
+        if len(known):
+            for i, ids in zip(known, ce_tokens.unpack(self.index.embeddings(rows[known], store=ce_tokens.STORE))):
+                texts[i] = ids
+        return texts
 
     def prepare(self, state: QueryState) -> tuple:
         n = min(self.k, len(state.candidates))
@@ -222,19 +227,18 @@ class CrossEncoderRerank:
                     yield i, (None if np.isnan(part).any() else part)
 
     def pair_batch(self, items: Sequence[tuple]) -> dict[str, torch.Tensor]:
-        """Every pair of the items, padded, in item order: laid out from the documents' stored ids where an item
-        carries them (then each distinct query is tokenized once and texts become ids first), else tokenized from the
-        texts as before. Either way the same tensors (tests/pipeline/test_ce_token_store.py)."""
+        """Every pair of the items, padded, in item order. For a head that lays out its pairs from token ids: every
+        text of the batch tokenized in one call, each distinct query once, stored ids as they are; else the text
+        pairs tokenized as before. Either way the same tensors (tests/pipeline/test_ce_token_store.py)."""
         ce = self.cross_encoder
-        if not any(isinstance(docs, np.ndarray) for _, docs, _ in items):
+        if not self.by_ids:
             return ce.tokenize_pairs([q for q, docs, _ in items for _ in docs], [t for _, docs, _ in items for t in docs])
-        texts = [t for _, docs, _ in items if not isinstance(docs, np.ndarray) for t in docs]
-        from_texts = iter(ce_tokens.document_ids(ce.tokenizer, texts, ce.lengths.max_length) if texts else [])
-        doc_ids = [ids for _, docs, _ in items
-                   for ids in (ce_tokens.unpack(docs) if isinstance(docs, np.ndarray) else [next(from_texts) for _ in docs])]
-        unique = list(dict.fromkeys(q for q, _, _ in items))
-        ids_of = dict(zip(unique, ce_tokens.query_ids(ce.tokenizer, unique, ce.lengths.query_max_length)))
-        return ce.pairs_from_ids([ids_of[q] for q, docs, _ in items for _ in range(len(docs))], doc_ids)
+        docs = [d for _, item_docs, _ in items for d in item_docs]
+        texts = [i for i, d in enumerate(docs) if isinstance(d, str)]
+        for i, ids in zip(texts, ce_tokens.document_ids(ce.tokenizer, [docs[i] for i in texts], ce.lengths.max_length)):
+            docs[i] = ids
+        queries = [q for q, item_docs, _ in items for _ in item_docs]
+        return ce.pairs_from_ids(ce_tokens.query_ids(ce.tokenizer, queries, ce.lengths.query_max_length), docs)
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         state.candidates = state.candidates.rerank_head(self.name, scores)  # "ce", or a subclass's own name

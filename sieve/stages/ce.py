@@ -11,7 +11,7 @@ from sieve.models.cross_encoder import CrossEncoder, PairLengths
 from sieve.pipeline.candidates import Candidates
 from sieve.pipeline.registry import CROSS_ENCODER, LoadContext, RerankContext, StageSpec, register
 from sieve.pipeline.remote_ce import RemoteConfig, RemoteCrossEncoder, RemoteCrossEncoderRerank
-from sieve.pipeline.rerank_inputs import check_work
+from sieve.pipeline.rerank_inputs import check_work, indexed_rows
 from sieve.pipeline.stages import CrossEncoderRerank
 from sieve.stages.common import model_identity
 
@@ -66,7 +66,10 @@ def texts_reranker(stage_class=None):
         tokenizer, lengths = getattr(ctx.model, "tokenizer", None), ctx.model.lengths
         check_work(ctx.texts, lengths.max_length, ctx.max_tokens, tokenizer,
                    query_cost(tokenizer, ctx.state.query, lengths.query_max_length))
-        ctx.state.candidates = Candidates(rows=np.full(len(ctx.texts), -1), texts=ctx.texts)
+        # indexed documents keep their rows where the index holds this cross-encoder's token ids: read, not tokenized
+        stored = isinstance(ctx.model, CrossEncoder) and ctx.index is not None and ce_tokens.stored_for(ctx.model, ctx.index)
+        rows = indexed_rows(ctx.index, ctx.items, ctx.texts) if stored else [-1] * len(ctx.texts)
+        ctx.state.candidates = Candidates(rows=np.asarray(rows, dtype=np.int64), texts=ctx.texts)
         if stage_class is None:
             return [stage_for(ctx.model, ctx.index, len(ctx.texts), ctx.options)]
         return [stage_class(ctx.model, ctx.index, len(ctx.texts), ctx.options.batching.ce_tokens)]

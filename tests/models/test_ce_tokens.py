@@ -13,22 +13,34 @@ from sieve.models import ce_tokens
 from sieve.models.clip import clip_all
 from sieve.models.weights import default_model_path
 
-from .test_clip_before_tokenizing import Recorder
-
 ENGLISH = ("Volcanic eruptions happen when magma rises through the crust, and the pressure of dissolved gases "
            "drives it out of the vent; ash columns can reach the stratosphere. ")
 
 
-class Counting(Recorder):
-    """The real tokenizer, noting how many texts each call hands it."""
+class Counting:
+    """The private backend copy ce_tokens tokenizes with (ce_tokens.unlocked), noting each call's texts."""
 
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)
-        self.calls = []
+    def __init__(self, backend):
+        self.backend, self.calls, self.longest = backend, [], 0
 
-    def __call__(self, texts, *args, **kwargs):
+    def encode_batch(self, texts, *args, **kwargs):
         self.calls.append(len(texts))
-        return super().__call__(texts, *args, **kwargs)
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.backend.encode_batch(texts, *args, **kwargs)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    """ce_tokens' calls to its tokenizer backend, counted."""
+    recorders = {}
+    real = ce_tokens.unlocked
+
+    def recording(tokenizer):
+        backend = real(tokenizer)
+        return recorders.setdefault(id(backend), Counting(backend))
+
+    monkeypatch.setattr(ce_tokens, "unlocked", recording)
+    return lambda tokenizer: recording(tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -53,28 +65,53 @@ def texts_that_fool_a_cut(length: int) -> list[str]:
 
 
 @pytest.mark.parametrize("length", [16, 128])
-def test_document_ids_are_those_of_the_text_as_before(tokenizer, length):
+def test_document_ids_are_those_of_the_text_as_before(tokenizer, counting, length):
     docs = texts_that_fool_a_cut(length)
     before = tokenizer(clip_all(docs, length), add_special_tokens=False, truncation=True,
                        max_length=length)["input_ids"]
-    counting = Counting(tokenizer)
-    assert ce_tokens.document_ids(counting, docs, length) == before
-    assert len(counting.calls) == 3  # every text; the long ones cut; the ones whose cut proved nothing, again
-    assert 0 < counting.calls[2] < counting.calls[1]
+    assert ce_tokens.document_ids(tokenizer, docs, length) == before
+    calls = counting(tokenizer).calls
+    assert len(calls) == 2  # every text, the long ones cut; the ones whose cut proved nothing, again
+    assert calls[0] == len(docs) and 0 < calls[1] < calls[0]
     assert ce_tokens.document_ids(tokenizer, [], length) == []
 
 
-def test_prose_is_read_only_to_the_first_cut(tokenizer):
-    recorder = Recorder(tokenizer)
+def test_prose_is_read_only_to_the_first_cut(tokenizer, counting):
     long = [ENGLISH * 30, ENGLISH * 40]
-    ids = ce_tokens.document_ids(recorder, long, 128)
-    assert recorder.longest == 128 * ce_tokens.FIRST_CHARS_PER_TOKEN < len(long[0])
+    ids = ce_tokens.document_ids(tokenizer, long, 128)
+    assert counting(tokenizer).longest == 128 * ce_tokens.FIRST_CHARS_PER_TOKEN < len(long[0])
+    assert counting(tokenizer).calls == [2]
     assert all(len(row) == 128 for row in ids)
 
 
-def test_a_repeated_query_is_tokenized_once(tokenizer):
-    counting = Counting(tokenizer)
+def test_a_repeated_query_is_tokenized_once(tokenizer, counting):
     queries = ["how do volcanoes erupt"] * 100 + ["what is magma"]
-    ids = ce_tokens.query_ids(counting, queries, 64)
-    assert counting.calls == [2]
+    ids = ce_tokens.query_ids(tokenizer, queries, 64)
+    assert counting(tokenizer).calls == [2]
     assert ids == tokenizer(queries, add_special_tokens=False, truncation=True, max_length=64)["input_ids"]
+
+
+def test_threads_tokenize_at_once_beside_a_tokenizer_reconfigured_between_calls(tokenizer):
+    """The backend copy is never reconfigured, so many threads use it at once (no lock, no "Already borrowed")
+    while the shared tokenizer is called with other truncation settings in between, and every thread gets the
+    ids the text path gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sieve.pipeline.threadsafe import LockedTokenizer
+
+    locked = LockedTokenizer(tokenizer)  # as serving wraps it
+    docs = texts_that_fool_a_cut(32)
+    expected = {n: tokenizer(clip_all(docs, n), add_special_tokens=False, truncation=True, max_length=n)["input_ids"]
+                for n in (16, 32)}
+
+    def one(i: int):
+        n = (16, 32)[i % 2]
+        if i % 3 == 0:  # the shared backend reconfigured (truncation, padding) while others read the copy
+            locked(docs[:4], truncation=True, max_length=8 + i % 5, padding="max_length")
+        return n, ce_tokens.document_ids(locked, docs, n)
+
+    with ThreadPoolExecutor(8) as pool:
+        for n, ids in pool.map(one, range(48)):
+            assert ids == expected[n]
+    assert ce_tokens.unlocked(locked) is ce_tokens.unlocked(tokenizer)  # one copy per backend
+    assert ce_tokens.unlocked(tokenizer).truncation is None and ce_tokens.unlocked(tokenizer).padding is None

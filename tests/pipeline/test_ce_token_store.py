@@ -4,6 +4,8 @@ that tokenizing the texts gives; new documents (writes) and merges must carry th
 differently must not read them. The real shipped cross-encoder (gated head) and the packaged bi-encoder."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -58,21 +60,75 @@ def test_stored_ids_give_the_tensors_of_the_texts(stored_dir, shipped_ce):
             assert torch.equal(from_ids[key], from_texts[key]), key
 
 
-def test_the_stage_reads_ids_and_scores_exactly_as_from_texts(stored_dir, shipped_ce):
+def text_path(ce, index, k: int) -> CrossEncoderRerank:
+    """The stage as every request ran it before the store: texts, tokenized as text pairs in the batcher."""
+    stage = CrossEncoderRerank(ce, index, k)
+    stage.by_ids = stage.stored = False
+    return stage
+
+
+def counted_texts(monkeypatch) -> list:
+    """The documents handed to the tokenizer from now on."""
+    tokenized = []
+    real = ce_tokens.document_ids
+    monkeypatch.setattr(ce_tokens, "document_ids", lambda tok, docs, n: tokenized.extend(docs) or real(tok, docs, n))
+    return tokenized
+
+
+def assert_same_batches(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+
+
+def test_the_stage_reads_ids_and_scores_exactly_as_from_texts(stored_dir, shipped_ce, monkeypatch):
     with SearchIndex.load(stored_dir) as index:
-        stored, texts = CrossEncoderRerank(shipped_ce, index, 8), CrossEncoderRerank(shipped_ce, index, 8)
-        texts.stored = False  # the path every request took before the store
-        assert stored.stored
+        stored, texts = CrossEncoderRerank(shipped_ce, index, 8), text_path(shipped_ce, index, 8)
+        unstored = CrossEncoderRerank(shipped_ce, index, 8)
+        unstored.stored = False  # an index without the store: texts, tokenized in one call per batch
+        assert stored.stored and stored.by_ids
         queries = ["how long does sourdough ferment", "volcano eruption", "a query about nothing in particular"]
         rows = [np.array([30, 3, 7, 1, 12, 0, 5, 9]), np.array([2, 4, 6]), np.array([11, 30])]
+        tokenized = counted_texts(monkeypatch)
         by_ids = [stored.prepare(state_for(q, r)) for q, r in zip(queries, rows)]
         by_texts = [texts.prepare(state_for(q, r)) for q, r in zip(queries, rows)]
-        assert all(isinstance(item[1], np.ndarray) for item in by_ids)
-        assert all(isinstance(item[1], list) for item in by_texts)
-        expected = texts.compute(by_texts)
-        for got in (stored.compute(by_ids), stored.compute([by_ids[0], by_texts[1], by_ids[2]])):  # mixed batches too
+        assert all(isinstance(d, list) for item in by_ids for d in item[1])  # stored ids, read in prepare
+        assert all(isinstance(d, str) for item in by_texts for d in item[1])
+        from_ids = stored.pair_batch(by_ids)
+        assert tokenized == []  # every document read as its stored ids
+        expected_batch, expected = texts.pair_batch(by_texts), texts.compute(by_texts)
+        mixed = [by_ids[0], by_texts[1], by_ids[2]]  # a texts item from a stage sharing the batcher (annCUR)
+        assert_same_batches(from_ids, expected_batch)
+        assert_same_batches(stored.pair_batch(mixed), expected_batch)
+        assert_same_batches(unstored.pair_batch(by_texts), expected_batch)
+        for got in (stored.compute(by_ids), stored.compute(mixed), unstored.compute(by_texts)):
             for g, e in zip(got, expected):
                 np.testing.assert_array_equal(g, e)
+
+
+def test_a_rerank_of_indexed_ids_reads_their_stored_ids(stored_dir, shipped_ce, monkeypatch):
+    """/rerank items that name indexed documents (an id alone, or an id with the indexed text) keep their rows, so
+    their stored ids are read; a text of its own (or an id whose text differs) is tokenized; scores as from texts."""
+    from sieve.pipeline.registry import RerankContext
+    from sieve.pipeline.rerank_inputs import RerankItem, resolve_texts
+    from sieve.stages.ce import texts_reranker
+
+    with SearchIndex.load(stored_dir) as index:
+        indexed = index.documents(np.array([3, 30, 7]))
+        items = [RerankItem(id=indexed[0].id), RerankItem(text="lava flows downhill"),
+                 RerankItem(id=indexed[1].id, text=indexed[1].full_text), RerankItem(id=indexed[2].id, text="not it")]
+        texts = resolve_texts(index, items)
+        state = state_for("volcano", np.empty(0, dtype=np.int64))
+        ctx = RerankContext(state, items, texts, index, shipped_ce, None, SimpleNamespace(
+            batching=SimpleNamespace(ce_tokens=8192)), None, lambda towers: None)
+        stage, = texts_reranker()(ctx)
+        np.testing.assert_array_equal(state.candidates.rows, [3, -1, 30, -1])
+        tokenized = counted_texts(monkeypatch)
+        got = stage.compute([stage.prepare(state)])[0]
+        assert tokenized == ["lava flows downhill", "not it"]
+        reference = text_path(shipped_ce, index, 4)
+        expected = reference.compute([reference.prepare(state)])[0]
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_writes_and_merges_carry_the_ids(tmp_path, stored_dir, biencoder, shipped_ce):
@@ -101,7 +157,7 @@ def test_a_cross_encoder_that_tokenizes_differently_reads_the_texts(stored_dir, 
         assert ce_tokens.stored_for(shipped_ce, index)
         assert not ce_tokens.stored_for(other, index)
         stage = CrossEncoderRerank(other, index, 4)
-        assert isinstance(stage.prepare(state_for("bread", np.arange(4)))[1], list)
+        assert not stage.stored
 
 
 def test_a_head_without_its_own_pair_layout_has_no_store(ce_checkpoint):

@@ -59,3 +59,26 @@ def test_search_scores_from_stored_ids_what_the_texts_score(served, shipped_ce):
     texts = [Document(h["id"], h["document"].get("title") or "", h["document"]["text"]).full_text for h in hits]
     expected = shipped_ce.score(query, texts).numpy()
     np.testing.assert_allclose([h["scores"]["ce"] for h in hits], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_rerank_of_indexed_ids_answers_as_the_same_texts(served):
+    """/rerank (model ce) naming indexed documents reads their stored ids: the answer (order, indices, scores,
+    documents) is the one for the same texts, mixed with a text of the caller's own."""
+    server, index = served
+    with SearchIndex.load(index) as loaded:
+        docs = loaded.documents(np.arange(6))
+    query, own = "how do volcanoes erupt", "Magma rises through the crust and erupts from a vent."
+    by_id = [{"id": d.id} for d in docs[:3]] + [own] + [{"id": d.id, "text": d.full_text} for d in docs[3:]]
+    by_text = [d.full_text for d in docs[:3]] + [own] + [d.full_text for d in docs[3:]]
+    answers = []
+    with server.client() as client:
+        for documents in (by_id, by_text):
+            reply = client.post("/rerank", json={"query": query, "model": "ce", "documents": documents, "top_n": 7,
+                                                 "return_documents": True}, headers={"Cache-Control": "no-cache"})
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json())
+    got, expected = answers
+    assert [r["index"] for r in got["results"]] == [r["index"] for r in expected["results"]]
+    assert [r["document"]["text"] for r in got["results"]] == [r["document"]["text"] for r in expected["results"]]
+    np.testing.assert_allclose([r["relevance_score"] for r in got["results"]],
+                               [r["relevance_score"] for r in expected["results"]], rtol=1e-5, atol=1e-5)
