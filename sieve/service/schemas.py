@@ -22,7 +22,8 @@ CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def unicode_text(value):
-    if isinstance(value, str) and LONE_SURROGATE.search(value):
+    # isascii() reads a flag CPython keeps on every str (O(1)): only a text with other characters is searched
+    if isinstance(value, str) and not value.isascii() and LONE_SURROGATE.search(value):
         raise ValueError("contains a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
     return value
 
