@@ -15,7 +15,9 @@ cannot use a core another process of the host keeps busy, nor the idle core of a
 
 SIEVE_PIN_INTERPRETER binds only the interpreter's side: every thread of a worker on one CPU of its share (so the
 hand-offs between the event loop, request threads and batchers stay on one core), while torch's intra-op threads,
-which run the forwards without the interpreter lock, use the whole share (forward_team). On a 2-core Zen 3 host one
+which run the forwards without the interpreter lock, use the whole share (forward_team), and so do the native threads
+already running when it pins (the tokenizers' Rust threads, started by start-up's first batch: on a 2-core Intel host
+a /rerank of 100 texts with zero-cost forwards answered 1.4-2.0x the pairs/s, RESULTS.md). On a 2-core Zen 3 host one
 such process spent 2.6-3.2 ms of CPU per /search with zero-cost forwards (7.5-7.9 unpinned) and answered 1.07x main's
 requests with the real models, where the unpinned default gave 0.91x in the same run (RESULTS.md). Each process
 takes the first CPU of its share that no other Sieve process of the host has taken for its interpreter (claim_cpu:
@@ -135,7 +137,11 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
             return None
         cpus = share(allowed, slot, count)
     bound = {claim_cpu(sorted(cpus), claims)} if interpreter else cpus
-    bind(all_threads(), bound)
+    if interpreter:  # native threads so far (library pools: the tokenizers' Rust threads) keep the share, as pin_later
+        bind(all_threads() - python_threads(), cpus)
+        bind(python_threads(), bound)
+    else:
+        bind(all_threads(), bound)
     if interpreter:
         note_interpreter(min(bound), cpus, claims, count, allowed, slot)
     else:
