@@ -140,11 +140,9 @@ def pin_worker(enabled: bool, count: int, folder: Path | None, interpreter: bool
     if interpreter:  # native threads so far (library pools: the tokenizers' Rust threads) keep the share, as pin_later
         bind(all_threads() - python_threads(), cpus)
         bind(python_threads(), bound)
-    else:
-        bind(all_threads(), bound)
-    if interpreter:
         note_interpreter(min(bound), cpus, claims, count, allowed, slot)
     else:
+        bind(all_threads(), bound)
         log.info("worker %d pinned to CPUs %s (slot %d of %d)", os.getpid(), sorted(cpus), slot, count)
     return bound
 
