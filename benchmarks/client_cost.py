@@ -63,16 +63,8 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
     finally:
         overhead.stop(server)
-    print("\n| clients | client | QPS by round | client CPU ms/request | p50 ms |\n|---:|---|---|---|---|")
-    summary = {}
-    for clients in sorted({row["clients"] for row in rows}):
-        for kind in ("raw", "httpx"):
-            mine = [row for row in rows if row["clients"] == clients and row["client"] == kind]
-            summary[f"{kind}@{clients}"] = {k: [row[k] for row in mine] for k in
-                                            ("qps", "client_cpu_ms_per_request", "p50_ms")}
-            print(f"| {clients} | {kind} | {', '.join(str(row['qps']) for row in mine)} | "
-                  f"{', '.join(str(row['client_cpu_ms_per_request']) for row in mine)} | "
-                  f"{', '.join(str(row['p50_ms']) for row in mine)} |")
+    summary = overhead.by_round(rows, "client", ("raw", "httpx"), ("qps", "client_cpu_ms_per_request", "p50_ms"),
+                                "QPS by round | client CPU ms/request | p50 ms")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({

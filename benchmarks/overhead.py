@@ -336,6 +336,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def by_round(rows: list[dict], side_key: str, sides: tuple[str, ...], columns: tuple[str, ...], labels: str) -> dict:
+    """Per client count and side, each column's values by round, printed as a markdown table with `labels` (the
+    columns' headings, '|'-separated); {"<side>@<clients>": {column: [values by round]}} (client_cost.py,
+    rerank_layout.py)."""
+    print(f"\n| clients | {side_key} | {labels} |\n|---:|---|{'---|' * len(columns)}")
+    out = {}
+    for clients in sorted({row["clients"] for row in rows}):
+        for side in sides:
+            mine = [row for row in rows if row["clients"] == clients and row[side_key] == side]
+            out[f"{side}@{clients}"] = {k: [row[k] for row in mine] for k in columns}
+            print(f"| {clients} | {side} | " + " | ".join(", ".join(str(row[k]) for row in mine) for k in columns) + " |")
+    return out
+
+
 def query_bodies(path: Path) -> int:
     from sieve.index import read_qrels, read_queries
 

@@ -83,26 +83,18 @@ def main() -> None:
     finally:
         for side in sides:
             overhead.stop(side)
-    summary = {}
-    print("\n| clients | side | pairs/s by round | server CPU ms/pair | p50 ms |\n|---:|---|---|---|---|")
+    summary = overhead.by_round(rows, "side", ("baseline", "this"), ("pairs_per_s", "server_cpu_ms_per_pair", "p50_ms"),
+                                "pairs/s by round | server CPU ms/pair | p50 ms")
     for clients in sorted({row["clients"] for row in rows}):
-        for name in ("baseline", "this"):
-            mine = [row for row in rows if row["clients"] == clients and row["side"] == name]
-            summary[f"{name}@{clients}"] = {k: [row[k] for row in mine] for k in
-                                            ("pairs_per_s", "server_cpu_ms_per_pair", "p50_ms")}
-            print(f"| {clients} | {name} | {', '.join(str(row['pairs_per_s']) for row in mine)} | "
-                  f"{', '.join(str(row['server_cpu_ms_per_pair']) for row in mine)} | "
-                  f"{', '.join(str(row['p50_ms']) for row in mine)} |")
-        ratios = [t["pairs_per_s"] / b["pairs_per_s"] for t, b in zip(
-            [row for row in rows if row["clients"] == clients and row["side"] == "this"],
-            [row for row in rows if row["clients"] == clients and row["side"] == "baseline"]) if b["pairs_per_s"]]
-        summary[f"this_over_baseline@{clients}"] = [round(x, 3) for x in ratios]
-        print(f"| {clients} | this / baseline | {', '.join(f'{x:.2f}x' for x in ratios)} | | |")
+        this, base = (summary[f"{side}@{clients}"]["pairs_per_s"] for side in ("this", "baseline"))
+        summary[f"this_over_baseline@{clients}"] = [round(t / b, 3) for t, b in zip(this, base) if b]
+        print(f"this / baseline at {clients} clients: "
+              + ", ".join(f"{x:.2f}x" for x in summary[f"this_over_baseline@{clients}"]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "what": "/rerank with zero-cost forwards: pairs laid out in the batcher (baseline) against the request "
-                    "threads (this), both servers up, interleaved",
+            "what": "/rerank with zero-cost forwards: a baseline tree's server against this tree's, both up, "
+                    "interleaved",
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "docs": args.docs, "ids": args.ids,
             "trees": {s.name: dict(zip(("commit", "changed"), overhead.tree_state(s.tree))) for s in sides},
             "rows": rows, "summary": summary, "machine": machine_info()}, indent=1) + "\n")
