@@ -1,8 +1,8 @@
 """Loopback load on /search: QPS and latency percentiles at 1, 4, 16, 64 concurrent clients, micro-batching on
 against off, through a real `sieve serve` process each time.
 
-Every client sends its next request as soon as the previous one is answered (closed loop), for a fixed time per
-cell after a short warm-up. The result cache is off (SIEVE_CACHE_ENABLED=false) so every request does the model
+Every client sends its next request as soon as the previous one is answered (closed loop), on its own keep-alive
+connection (gpu.py RawClient; httpx until the thirty-sixth session), for a fixed time per cell after a short warm-up. The result cache is off (SIEVE_CACHE_ENABLED=false) so every request does the model
 work; queries are SciFact's test queries (or the demo queries), each client starting at its own offset.
 
     python benchmarks/load.py                       # SciFact index, 20 s per cell (~6 min with a warm cache)
@@ -41,9 +41,13 @@ TARGET = "with batching, QPS at 16 clients >= 1.5x the QPS without it, zero erro
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of the server: the process and every process below it (its worker processes; until
+    the thirty-seventh session this read the first process alone, and printed 0.0 since `sieve serve` became a
+    supervisor), all threads, from /proc."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from overhead import tree_cpu_s
+
+    return tree_cpu_s(pid)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -79,11 +83,7 @@ async def client_loop(client, queries: list[str], offset: int, body: dict, until
     i = offset
     while time.monotonic() < until:
         started = time.perf_counter()
-        try:
-            response = await client.post("/search", json={**body, "query": queries[i % len(queries)]})
-            ok = response.status_code == 200
-        except Exception:  # noqa: BLE001 - counted as an error, the run goes on
-            ok = False
+        ok = (await client.send({**body, "query": queries[i % len(queries)]})).startswith("200")
         if time.monotonic() <= until:  # a request that ends after the bell is not counted
             out["latencies" if ok else "errors"].append((time.perf_counter() - started) * 1000)
         i += 1
@@ -91,22 +91,28 @@ async def client_loop(client, queries: list[str], offset: int, body: dict, until
 
 async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: dict, warmup_s: float,
                    duration_s: float) -> dict:
-    import httpx
+    """Each client on its own keep-alive connection, written and read as bytes (gpu.py RawClient, with
+    Cache-Control: no-cache): httpx's shared client cost 2.4-9.2 ms of CPU per request on these hosts, enough to be
+    the limit itself (RESULTS.md, issue 32, thirty-sixth session)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu import RawClient
 
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits,
-                                 headers={"Cache-Control": "no-cache"}) as client:
+    connections = [RawClient(f"{url}/search") for _ in range(clients)]
+    try:
         warm = {"latencies": [], "errors": []}
-        await asyncio.gather(*(client_loop(client, queries, c * 7, body, time.monotonic() + warmup_s, warm)
-                               for c in range(clients)))
+        await asyncio.gather(*(client_loop(conn, queries, c * 7, body, time.monotonic() + warmup_s, warm)
+                               for c, conn in enumerate(connections)))
         out = {"latencies": [], "errors": []}
         load_start = os.getloadavg()[0]
         cpu_start = cpu_seconds(pid)
         started = time.monotonic()
-        await asyncio.gather(*(client_loop(client, queries, c * 7 + 1000, body, started + duration_s, out)
-                               for c in range(clients)))
+        await asyncio.gather(*(client_loop(conn, queries, c * 7 + 1000, body, started + duration_s, out)
+                               for c, conn in enumerate(connections)))
         elapsed = time.monotonic() - started
         cpu = cpu_seconds(pid) - cpu_start
+    finally:
+        for conn in connections:
+            conn.close()
     lat = out["latencies"]
     return {"clients": clients, "qps": round(len(lat) / elapsed, 2), "p50_ms": round(percentile(lat, 50), 1),
             "p95_ms": round(percentile(lat, 95), 1), "p99_ms": round(percentile(lat, 99), 1),
