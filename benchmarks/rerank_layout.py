@@ -1,9 +1,10 @@
-"""Where a /rerank's pairs are tokenized and laid out: the batcher thread (a baseline tree, e.g. main before the
-change) against the request threads (this tree). Both servers up at once, each with zero-cost forwards
+"""A /rerank end to end, a baseline tree's server (e.g. main before a change to how the cross-encoder's pairs are
+tokenized and laid out) against this tree's. Both servers up at once, each with zero-cost forwards
 (benchmarks/zero_cost.py: the cross-encoder's forward, the query tower and CMC replaced by stand-ins, the tokenizer
 and the pair layout as shipped), so what is measured is the serving ceiling a fast accelerator leaves for the
 cross-encoder. Interleaved blocks, the order reversed every other round; /rerank of `--docs` abstracts (texts) at
-each client count, from gpu.py's raw client; with `--ids`, the documents named by id instead.
+each client count, from gpu.py's raw client; with `--ids`, the documents named by id instead; with `--real`, the
+real models on both sides.
 
 Each row: pairs/s, latency, and the server's CPU per pair (its process tree, from /proc).
 
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=100)
     parser.add_argument("--ids", action="store_true", help="name the documents by id (the index's texts)")
     parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--real", action="store_true", help="the real models on both sides (no zero-cost stand-ins)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm-s", type=float, default=2.0)
     parser.add_argument("--measure-s", type=float, default=10.0)
@@ -68,8 +70,8 @@ def main() -> None:
     if args.ids:
         bodies = IdBodies(queries, [d["_id"] for d in corpus], args.docs)
     env = {"SIEVE_CACHE_ENABLED": "false", "SIEVE_MAX_INFLIGHT": "512", "SIEVE_DEFAULT_TIMEOUT_MS": "60000"}
-    sides = [overhead.Side("baseline", args.baseline_tree.resolve(), 1, zero_cost=True, env=env),
-             overhead.Side("this", REPO, 1, zero_cost=True, env=env)]
+    sides = [overhead.Side("baseline", args.baseline_tree.resolve(), 1, zero_cost=not args.real, env=env),
+             overhead.Side("this", REPO, 1, zero_cost=not args.real, env=env)]
     rows = []
     try:
         for side in sides:
@@ -96,6 +98,7 @@ def main() -> None:
             "what": "/rerank with zero-cost forwards: a baseline tree's server against this tree's, both up, "
                     "interleaved",
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "docs": args.docs, "ids": args.ids,
+            "real": args.real,
             "trees": {s.name: dict(zip(("commit", "changed"), overhead.tree_state(s.tree))) for s in sides},
             "rows": rows, "summary": summary, "machine": machine_info()}, indent=1) + "\n")
 
