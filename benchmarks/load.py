@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # overhead.py's process-tree CPU, gpu.py's raw client
 
 SEED = 0
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
@@ -44,7 +45,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of the server: the process and every process below it (its worker processes; until
     the thirty-seventh session this read the first process alone, and printed 0.0 since `sieve serve` became a
     supervisor), all threads, from /proc."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from overhead import tree_cpu_s
 
     return tree_cpu_s(pid)
@@ -94,7 +94,6 @@ async def run_cell(url: str, pid: int, queries: list[str], clients: int, body: d
     """Each client on its own keep-alive connection, written and read as bytes (gpu.py RawClient, with
     Cache-Control: no-cache): httpx's shared client cost 2.4-9.2 ms of CPU per request on these hosts, enough to be
     the limit itself (RESULTS.md, issue 32, thirty-sixth session)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from gpu import RawClient
 
     connections = [RawClient(f"{url}/search") for _ in range(clients)]

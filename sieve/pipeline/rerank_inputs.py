@@ -33,13 +33,16 @@ def resolve_texts(index, items: Sequence[RerankItem]) -> list[str]:
 
 
 def indexed_rows(index, items: Sequence[RerankItem], texts: list[str]) -> list[int]:
-    """Index row of each item whose id is indexed and whose text (if given) is the indexed text, else -1."""
+    """Index row of each item whose id is indexed and whose text (if given) is the indexed text, else -1. An id
+    alone was given the indexed text (resolve_texts): only items that brought a text of their own are read back."""
     ids = [item.id for item in items if item.id is not None and index.has_id(item.id)]
     if not ids:
         return [-1] * len(items)
     rows = dict(zip(ids, index.rows_for_ids(ids)))
-    docs = {doc.id: doc.full_text for doc in index.documents(list(rows.values()))}
-    return [rows[item.id] if item.id in rows and docs[item.id] == text else -1 for item, text in zip(items, texts)]
+    given = [rows[item.id] for item in items if item.id in rows and item.text is not None]
+    docs = {doc.id: doc.full_text for doc in index.documents(given)} if given else {}
+    return [rows[item.id] if item.id in rows and (item.text is None or docs[item.id] == text) else -1
+            for item, text in zip(items, texts)]
 
 
 COUNT_CHUNK = 64  # texts tokenized per call while counting: the count stops at the first chunk past the cap

@@ -67,7 +67,7 @@ def texts_reranker(stage_class=None):
         check_work(ctx.texts, lengths.max_length, ctx.max_tokens, tokenizer,
                    query_cost(tokenizer, ctx.state.query, lengths.query_max_length))
         # indexed documents keep their rows where the index holds this cross-encoder's token ids: read, not tokenized
-        stored = isinstance(ctx.model, CrossEncoder) and ctx.index is not None and ce_tokens.stored_for(ctx.model, ctx.index)
+        stored = ce_tokens.stored_for(ctx.model, ctx.index)  # False for a remote one (no ids of its own)
         rows = indexed_rows(ctx.index, ctx.items, ctx.texts) if stored else [-1] * len(ctx.texts)
         ctx.state.candidates = Candidates(rows=np.asarray(rows, dtype=np.int64), texts=ctx.texts)
         if stage_class is None:
