@@ -39,11 +39,21 @@ class QueryTowerStandIn(torch.nn.Module):
 
 
 class CMCStandIn(torch.nn.Module):
-    """Scores that keep the candidates' first-stage order: -position, shape (B, K)."""
+    """Scores that keep the candidates' first-stage order: -position, shape (B, K). Reads the candidates' vectors
+    where the model it stands in for does (models/cmc.py reads_candidates: the shipped fusion MLP does not), so the
+    stage gathers and pads what it would for the real one."""
+
+    def __init__(self, reads_candidates: bool = True):
+        super().__init__()
+        self.reads = reads_candidates
+
+    def reads_candidates(self) -> bool:
+        return self.reads
 
     def forward(self, query, candidates, mask=None, evidence=None) -> torch.Tensor:
-        batch, k = candidates.shape[0], candidates.shape[1]
-        return -torch.arange(k, dtype=torch.float32, device=candidates.device).expand(batch, k)  # (B, K)
+        shaped = mask if candidates is None else candidates
+        batch, k = shaped.shape[0], shaped.shape[1]
+        return -torch.arange(k, dtype=torch.float32, device=shaped.device).expand(batch, k)  # (B, K)
 
 
 class CrossEncoderStandIn(torch.nn.Module):
@@ -72,7 +82,7 @@ def install() -> None:
         biencoder.query_module = QueryTowerStandIn(biencoder.dim)
         cmc = models.get("cmc")
         if cmc is not None:
-            cmc.model = CMCStandIn()
+            cmc.model = CMCStandIn(getattr(cmc.model, "reads_candidates", lambda: True)())
             if cmc.query_tower is not biencoder:
                 cmc.query_tower.query_module = QueryTowerStandIn(cmc.query_tower.dim, seed=1)
         ce = models.get("ce")

@@ -45,15 +45,20 @@ def bucket_tokens(batch: dict[str, torch.Tensor], max_length: int, pad_id: int =
     return pad_tokens(batch, bucket(B), bucket(T, floor=MIN_TOKENS, cap=max_length), pad_id)
 
 
-def bucket_cmc(query: torch.Tensor, cands: torch.Tensor, mask: torch.Tensor, evidence: torch.Tensor | None):
+def bucket_cmc(query: torch.Tensor | None, cands: torch.Tensor | None, mask: torch.Tensor,
+               evidence: torch.Tensor | None):
     """CMC inputs query (B, d), candidates (B, K, d), mask (B, K), evidence (B, K, F) | None padded to the bucketed
-    (B', K'): zero rows, mask False. Cut the scores back with [:B, :K]."""
-    B, K, d = cands.shape
+    (B', K'): zero rows, mask False. Cut the scores back with [:B, :K]. Query and candidates None (a CMC that reads
+    no vectors, models/cmc.py reads_candidates) stay None."""
+    B, K = mask.shape
     rows, width = bucket(B), bucket(K)
-    q = query.new_zeros(rows, d)  # (B', d)
-    q[:B] = query
-    c = cands.new_zeros(rows, width, d)  # (B', K', d)
-    c[:B, :K] = cands
+    q = c = None
+    if cands is not None:
+        d = cands.shape[-1]
+        q = query.new_zeros(rows, d)  # (B', d)
+        q[:B] = query
+        c = cands.new_zeros(rows, width, d)  # (B', K', d)
+        c[:B, :K] = cands
     m = mask.new_zeros(rows, width)  # (B', K')
     m[:B, :K] = mask
     e = None

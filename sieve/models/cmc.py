@@ -106,13 +106,25 @@ class CMC(nn.Module):
         self.layers = nn.ModuleList(CMCLayer(cfg) for _ in range(cfg.n_layers))
         self.evidence = Evidence(cfg) if cfg.evidence else None
 
-    def forward(self, query: torch.Tensor, candidates: torch.Tensor, mask: torch.Tensor | None = None,
+    def reads_candidates(self) -> bool:
+        """False for a model whose scores do not depend on the query and candidate vectors at all: no attention
+        layers, and evidence whose interaction term <q, c + embed(features)> has weight exactly 0 (the shipped
+        cmc-fusion-mlp), i.e. an MLP over the first-stage evidence. forward() then takes query and candidates as
+        None, and nothing needs to gather, pad or move (B, K, d) vectors for it. Reads a weight: call it once."""
+        return bool(self.layers) or self.evidence is None or float(self.evidence.cmc_weight.detach()) != 0.0
+
+    def forward(self, query: torch.Tensor | None, candidates: torch.Tensor | None, mask: torch.Tensor | None = None,
                 features: torch.Tensor | None = None) -> torch.Tensor:
         """query (B, d), candidates (B, K, d), mask (B, K) True for real candidates, features (B, K, F) when the
-        model takes evidence (cfg.evidence = F) -> scores (B, K).
+        model takes evidence (cfg.evidence = F) -> scores (B, K). Where reads_candidates() is False, query and
+        candidates may be None: the same scores from the features alone (the interaction term is 0 either way).
 
         Padded candidates get -inf and take no part in attention, so one batch holds queries with different K.
         """
+        if candidates is None:
+            assert not self.layers and self.evidence is not None, "this CMC reads its candidates' vectors"
+            scores = self.evidence.score(features, features.new_zeros(features.shape[:2]))  # (B, K)
+            return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
         B, K, d = candidates.shape
         assert query.shape == (B, d), f"query {tuple(query.shape)} does not match candidates {tuple(candidates.shape)}"
         if self.evidence is not None:

@@ -97,6 +97,9 @@ class CMCRerank:
         self.index = index
         self.batch_candidates = batch_candidates
         self.batch_key = f"cmc:{id(bundle.model)}"
+        # an MLP over the first-stage evidence (the shipped cmc-fusion-mlp) reads no vectors: none are gathered,
+        # padded or moved to the device for it (models/cmc.py reads_candidates)
+        self.reads_vectors = getattr(bundle.model, "reads_candidates", lambda: True)()
 
     def candidate_vectors(self, candidates: Candidates, later: bool = False) -> np.ndarray | IndexRows:
         """(K, d): carried with the candidates, else read from the index; with `later`, rows of a local index are
@@ -111,11 +114,15 @@ class CMCRerank:
     def prepare(self, state: QueryState) -> tuple:
         state.counts[self.name] = len(state.candidates)
         needs_vectors = bool(self.bundle.config.evidence) and "be" not in state.candidates.scores  # be_of reads them
-        query, vectors = state.query_vectors["cmc"], self.candidate_vectors(state.candidates, later=not needs_vectors)
+        query, vectors = state.query_vectors["cmc"], None
+        if self.reads_vectors or needs_vectors:
+            vectors = self.candidate_vectors(state.candidates, later=not needs_vectors)
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
             evidence = features(be_of(state.candidates, vectors, query), bm25_of(state.candidates, self.index, state.query),
                                 self.bundle.config.evidence)
+        if not self.reads_vectors:
+            query = vectors = None
         return query, vectors, state.deadline, evidence
 
     def compute(self, items: Sequence[tuple]) -> list[np.ndarray | None]:
@@ -124,22 +131,24 @@ class CMCRerank:
     # reply-as-done (pipeline/batching.py): yields each item when its chunk is scored, smallest chunks first
     def compute_each(self, items: Sequence[tuple]) -> Iterator[tuple[int, np.ndarray | None]]:
         device = self.bundle.query_tower.device
-        for chunk in reversed(chunks_under_budget([len(item[1]) for item in items], self.batch_candidates)):
+        counts = [len(item[1]) if item[1] is not None else len(item[3]) for item in items]  # K of each
+        for chunk in reversed(chunks_under_budget(counts, self.batch_candidates)):
             live = [i for i in chunk if not expired(items[i][2])]
             yield from ((i, None) for i in chunk if i not in live)
             if not live:
                 continue
-            query, cands, mask = pad_candidates([items[i][0] for i in live], [items[i][1] for i in live], device)
-            evidence = None
+            query = cands = evidence = None
+            if self.reads_vectors:
+                query, cands, mask = pad_candidates([items[i][0] for i in live], [items[i][1] for i in live], device)
             if self.bundle.config.evidence:
-                evidence, _ = pad_lists([items[i][3] for i in live], device)
+                evidence, mask = pad_lists([items[i][3] for i in live], device)
             scores = self.forward(query, cands, mask, evidence)  # (B, K)
-            yield from ((i, scores[b, :len(items[i][1])]) for b, i in enumerate(live))
+            yield from ((i, scores[b, :counts[i]]) for b, i in enumerate(live))
 
     def forward(self, query, cands, mask, evidence) -> np.ndarray:
         """CMC's scores (B, K); at the bucketed shape on the model's own stream where the runtime says so."""
         runtime, (B, K) = self.bundle.runtime, mask.shape
-        with torch.inference_mode(), own_stream(cands.device, runtime.streams):
+        with torch.inference_mode(), own_stream(mask.device, runtime.streams):
             if runtime.buckets:
                 query, cands, mask, evidence = bucket_cmc(query, cands, mask, evidence)
             scores = run_graphed(self.bundle.model, runtime.graphs, query, cands, mask, evidence)
