@@ -313,6 +313,12 @@ class InterpreterStatus(Reply):
     unpins: int = Field(0, description="Times the watch found no free CPU while other processes kept the interpreter's busy and unpinned it (the whole share, pinned again 5 s later).")
 
 
+class MpsStatus(Reply):
+    state: Literal["started", "running", "unavailable", "off", "not cuda", "one worker"] = Field(..., description="How the workers share the GPU (SIEVE_CUDA_MPS): started = through an MPS control daemon the supervisor started (and stops at exit); running = through one that was already running; unavailable = no MPS to be had (the workers time-slice; the log says why); off = SIEVE_CUDA_MPS=off; not cuda, one worker = nothing to share.")
+    pipe_directory: str | None = Field(None, description="The daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY), when there is one.")
+    reason: str = Field(..., description="Why, in words.")
+
+
 class WorkersStatus(Reply):
     count: int = Field(..., description="Worker processes of this server (SIEVE_WORKERS, or chosen automatically).")
     ready: int = Field(..., description="Workers serving now (their models loaded); /readyz answers 503 until all are.")
@@ -325,6 +331,7 @@ class WorkersStatus(Reply):
     interpreter: InterpreterStatus | None = Field(None, description="SIEVE_PIN_INTERPRETER: where this worker's interpreter runs and what the watch on its CPU did; null when not pinned.")
     blas_threads: int | None = Field(None, description="Threads of numpy's BLAS in this worker: 1 once its models are "
                                                        "loaded (its request threads compute many small products at once).")
+    mps: MpsStatus | None = Field(None, description="CUDA MPS for the workers (SIEVE_CUDA_MPS, docs/deployment.md); null for a single process (`sieve serve` without workers).")
 
 
 class LimitsStatus(Reply):

@@ -27,7 +27,7 @@ from pathlib import Path
 import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from sieve.service import connections, workers
+from sieve.service import connections, mps, workers
 from sieve.service.config import Settings
 
 HEALTHCHECK_S = 30.0  # a worker busy with its GIL-bound work may be slow to answer the supervisor's ping
@@ -250,8 +250,9 @@ def worker_environment(settings: Settings, chosen: workers.Plan, folder: Path) -
 
 def serve(settings: Settings, chosen: workers.Plan | None = None,
           factory: str = "sieve.service.app:worker_app") -> None:
-    """Run `chosen.count` workers on settings.host:port until SIGTERM/SIGINT. `factory`: the import string of the
-    app factory each worker calls (benchmarks/zero_cost.py hands its own)."""
+    """Run `chosen.count` workers on settings.host:port until SIGTERM/SIGINT; several on CUDA share the GPU through
+    CUDA MPS where it can be had (service/mps.py, SIEVE_CUDA_MPS). `factory`: the import string of the app factory
+    each worker calls (benchmarks/zero_cost.py hands its own)."""
     import uvicorn
 
     chosen = chosen or workers.plan(settings)
@@ -269,8 +270,15 @@ def serve(settings: Settings, chosen: workers.Plan | None = None,
     if per_worker and migrate_req() == 0:
         log.info("each worker listens on its own socket; one that stops resets the connections queued on it and "
                  "not yet read (set net.ipv4.tcp_migrate_req=1 to have the kernel hand them to another worker)")
+    sharing = None
     try:  # per_worker: `first` only holds the port (bound, never listening, so no connection is queued on it)
-        Supervisor(config, sockets=[first], metrics_dir=folder, per_worker=per_worker).run()
+        supervisor = Supervisor(config, sockets=[first], metrics_dir=folder, per_worker=per_worker)
+        # its signal handlers are set: SIGTERM or SIGINT from here ends run() and an MPS daemon started now is
+        # stopped below; the workers it spawns inherit the CUDA_MPS_* environment share_gpu sets
+        sharing = mps.share_gpu(settings.cuda_mps, workers.device_kind(settings.device), chosen.count)
+        supervisor.run()
     finally:
+        if sharing is not None:
+            sharing.stop()
         if made:
             shutil.rmtree(folder, ignore_errors=True)

@@ -23,12 +23,14 @@ service/app.py's worker_app is what each one runs.
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sieve.service import mps
 from sieve.service.config import Settings
 from sieve.service.pinning import interpreter_status
 
@@ -55,9 +57,10 @@ def usable_cores() -> int:
     return cores
 
 
+@functools.cache  # the supervisor asks twice (the worker count, CUDA MPS): one probe
 def device_kind(device: str) -> str:
-    """cuda or cpu, for the automatic worker count; `auto` asks torch in a child process (when a GPU driver is
-    there at all), so the supervisor never imports torch or touches CUDA."""
+    """cuda or cpu, for the automatic worker count and CUDA MPS; `auto` asks torch in a child process (when a GPU
+    driver is there at all), so the supervisor never imports torch or touches CUDA."""
     if device.startswith("cuda"):
         return "cuda"
     if device == "cpu" or not Path("/dev/nvidiactl").exists():
@@ -156,7 +159,7 @@ def status(settings: Settings) -> dict:
             "chosen": os.environ.get(CHOSEN_ENV, "SIEVE_WORKERS" if settings.workers else "one process"),
             "torch_threads": torch.get_num_threads(),
             "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "interpreter": interpreter_status(), "blas_threads": blas_threads()}
+            "interpreter": interpreter_status(), "blas_threads": blas_threads(), "mps": mps.reported()}
 
 
 def blas_threads() -> int | None:

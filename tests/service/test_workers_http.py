@@ -1,5 +1,5 @@
 """`sieve serve` with two worker processes on one port and one index directory (service/workers.py), as a real
-subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU, a burst of new connections reaches both, a write
+subprocess, pinned (SIEVE_PIN_WORKERS): each runs on its own CPU (no CUDA MPS daemon on a CPU), a burst of new connections reaches both, a write
 through one worker is read through the other, a published click memory reaches both, /metrics adds up both, a
 SIGKILLed worker is replaced (on the CPU it had) without losing an acknowledged write, SIGHUP replaces both while
 every request is answered (each new worker pinned once the old one lets go of its CPU), and SIGTERM lets both finish what they have in flight
@@ -109,6 +109,21 @@ def test_a_burst_of_new_connections_is_spread_over_both_workers(team):
         for sock in socks:
             sock.close()
     assert len(set(pids)) == WORKERS, pids
+
+
+def test_on_a_cpu_the_supervisor_starts_no_mps_daemon(team):
+    """CUDA MPS (SIEVE_CUDA_MPS=auto, service/mps.py) is for several workers on one GPU: on a CPU nothing is started
+    nor warned about, and every worker says so."""
+    a, b = clients_on_two_workers(team)
+    try:
+        reports = [(c.get("/readyz").json().get("workers") or {}).get("mps") for c in (a, b)]
+    finally:
+        a.close()
+        b.close()
+    assert reports == [{"state": "not cuda", "pipe_directory": None,
+                        "reason": "the workers run on the cpu: nothing to share"}] * 2
+    log = team.log_path.read_text()
+    assert "CUDA MPS" not in log and "time-slice" not in log
 
 
 def test_every_worker_froze_its_start_up_objects(team):
