@@ -16,6 +16,7 @@ A stage may also declare (pipeline/runner.py reads these, so deadlines and batch
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -85,6 +86,20 @@ class Retrieve(FirstStage):
         return state
 
 
+_READS_VECTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # CMC module -> reads_candidates()
+
+
+def reads_vectors(model) -> bool:
+    """Whether a CMC module reads its candidates' vectors (models/cmc.py reads_candidates; True for a module that
+    does not say), asked once per module: stages are built per request, and the answer reads a weight, which on CUDA
+    would wait for the device every time. A swapped-in model is a new module, asked afresh."""
+    try:
+        return _READS_VECTORS[model]
+    except KeyError:
+        answer = _READS_VECTORS[model] = bool(getattr(model, "reads_candidates", lambda: True)())
+        return answer
+
+
 class CMCRerank:
     """Scores every candidate in the context of all the others and sorts them by that score. Batched across
     queries with padding masks, at most `batch_candidates` (queries x longest list) per forward pass."""
@@ -99,7 +114,7 @@ class CMCRerank:
         self.batch_key = f"cmc:{id(bundle.model)}"
         # an MLP over the first-stage evidence (the shipped cmc-fusion-mlp) reads no vectors: none are gathered,
         # padded or moved to the device for it (models/cmc.py reads_candidates)
-        self.reads_vectors = getattr(bundle.model, "reads_candidates", lambda: True)()
+        self.reads_vectors = reads_vectors(bundle.model)
 
     def candidate_vectors(self, candidates: Candidates, later: bool = False) -> np.ndarray | IndexRows:
         """(K, d): carried with the candidates, else read from the index; with `later`, rows of a local index are

@@ -98,3 +98,15 @@ def test_the_stage_gathers_nothing_and_ranks_as_with_the_vectors(demo_index_dir,
         for got, want in zip(free.compute(items), reading.compute(reference)):
             np.testing.assert_array_equal(got, want)
             assert len(got) == 20
+
+
+def test_each_model_is_asked_once(biencoder):
+    """Stages are built per request: the weight read behind reads_candidates (a device wait on CUDA) happens once."""
+    model = evidence_mlp(dim=biencoder.dim)
+    asked = []
+    model.reads_candidates = lambda: asked.append(1) or False
+    bundle = CMCBundle(model.cfg, model, biencoder, None, "cmc-mlp-test", biencoder.weights_hash)
+    stages = [CMCRerank(bundle, None) for _ in range(3)]
+    assert [stage.reads_vectors for stage in stages] == [False] * 3 and len(asked) == 1
+    other = evidence_mlp(dim=biencoder.dim)  # a swapped-in model is asked afresh
+    assert CMCRerank(CMCBundle(other.cfg, other, biencoder, None, "x", biencoder.weights_hash), None).reads_vectors is False
