@@ -31,6 +31,10 @@ from sieve.service import connections, mps, workers
 from sieve.service.config import Settings
 
 HEALTHCHECK_S = 30.0  # a worker busy with its GIL-bound work may be slow to answer the supervisor's ping
+# a new worker is ready once its models and index are loaded: seconds on a quiet machine, but a SIGHUP restart that
+# waited only HEALTHCHECK_S gave up (old workers kept) while a test suite loaded a 2-core Zen 3 host; one that dies
+# while loading ends the wait at once, so only a hung start waits this long
+START_READY_S = 600.0
 # fields `sieve serve` takes from its command line too: handed to the workers through their environment
 CLI_FIELDS = ("index_dir", "host", "port", "index_backend", "qdrant_url", "qdrant_collection", "qdrant_edge_path",
               "workers")
@@ -181,7 +185,7 @@ class Supervisor(Multiprocess):
             if self.should_exit.is_set():
                 return
             new = self.new_process()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            if not new.wait_until_ready(START_READY_S, self.should_exit):
                 new.kill()
                 new.join()
                 self.forget(new.pid)
