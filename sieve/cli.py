@@ -128,6 +128,16 @@ def settings_from(args: argparse.Namespace) -> "Settings":
     return Settings(**{k: v for k, v in given.items() if v is not None})
 
 
+def invalid_settings(exc: "pydantic.ValidationError") -> str:
+    """One line per rejected setting, named as the operator sets it (SIEVE_<NAME>), with what it was given and
+    what it takes."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        name = "SIEVE_" + "_".join(str(part) for part in error["loc"]).upper()
+        lines.append(f"sieve: invalid setting {name}={error.get('input')!r}: {error['msg']}")
+    return "\n".join(lines) or f"sieve: invalid settings: {exc}"
+
+
 def needs_dir(path: Path | None, flag: str) -> Path:
     if path is None:
         raise SystemExit(f"sieve index: give {flag} (the local index directory), or --backend qdrant")
@@ -378,7 +388,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise to users
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # a DEBUG line per BM25 build
-    settings = settings_from(args)
+    from pydantic import ValidationError  # here, not at the top: `sieve --help` imports nothing heavy
+
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:  # a SIEVE_* variable or flag out of range: name it, no traceback
+        raise SystemExit(invalid_settings(exc)) from None
     try:
         args.func(args, settings)
     except (FileNotFoundError, ValueError, KeyError) as exc:
