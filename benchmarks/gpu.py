@@ -16,8 +16,9 @@ Sections (--sections, run in the order given; each server is started, measured a
   nobatch  the default /search at 16 clients with SIEVE_BATCHING=false
   cpu      the same machine's CPU mode (SIEVE_DEVICE=cpu): default /search at 16 and 64 clients, /rerank 100 at 1:
            the ratios
-  cpufp32  the CPU mode with SIEVE_PRECISION=fp32, default /search at 16 clients (on the H200 machine's CPU the bf16
-           query tower took 1.6 s per /search: benchmarks/results/gpu_nvidia_h200.json)
+  cpufp32  the CPU mode with SIEVE_PRECISION=fp32, default /search at 16 and 64 clients, and the device over it (on
+           the H200 machine's CPU the bf16 query tower took 1.6-2.5 s per /search under load:
+           benchmarks/results/gpu_nvidia_h200{,_s38}.json)
   zerocost the machine's serving ceiling on its CPUs: benchmarks/zero_cost.py (the model forwards replaced by stand-ins
            that cost ~nothing, SIEVE_DEVICE=cpu) with --zerocost-workers workers (default half the CPUs, the automatic
            count on the H200 machine), the default /search at 16 / 64 / 128 clients: what the CPU side alone can answer
@@ -561,6 +562,11 @@ def ratios(run: Run) -> dict:
                                               find("cpu", "default", 16, "ok_qps")),
            "search_64_device_over_cpu": ratio(find("device", "default", 64, "ok_qps"),
                                               find("cpu", "default", 64, "ok_qps")),
+           # against the CPU mode in fp32 too: on the H200 machine's CPU its bf16 query tower stalled under load
+           "search_16_device_over_cpufp32": ratio(find("device", "default", 16, "ok_qps"),
+                                                  find("cpufp32", "default", 16, "ok_qps")),
+           "search_64_device_over_cpufp32": ratio(find("device", "default", 64, "ok_qps"),
+                                                  find("cpufp32", "default", 64, "ok_qps")),
            "rerank100_1_device_over_cpu": ratio(find("device", "rerank-ce-100", 1, "pairs_per_s"),
                                                 find("cpu", "rerank-ce-100", 1, "pairs_per_s")),
            "search_16_batching_over_none": ratio(find("device", "default", 16, "ok_qps"),
@@ -641,7 +647,7 @@ def main(argv=None) -> None:
         "nobatch": lambda: serve_section(run, args, "nobatch", args.device, [
             ("default", "/search", searches(queries, DEFAULT), 16, 1)], {"SIEVE_BATCHING": "false"}),
         "cpufp32": lambda: serve_section(run, args, "cpufp32", "cpu", [
-            ("default", "/search", searches(queries, DEFAULT), 16, 1)], {"SIEVE_PRECISION": "fp32"}),
+            ("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)], {"SIEVE_PRECISION": "fp32"}),
         "cpu": lambda: serve_section(run, args, "cpu", "cpu", [
             *[("default", "/search", searches(queries, DEFAULT), c, 1) for c in (16, 64)],
             ("rerank-ce-100", "/rerank", reranks(queries, docs, 100), 1, 100)]),
