@@ -22,6 +22,9 @@ class Candidates:
     ids: document ids when the index returned them with the hits (a remote engine: sieve/index/protocol.py), else
         None and the index maps rows to ids.
     vector_store: the store `vectors` came from (None = the bi-encoder's, "cmc" = a separate-mode CMC's).
+    inner_products: the score column that holds each candidate's inner product with the bi-encoder's query vector
+        besides a "be" column (the `be` retriever's "retrieve": its search scores), so a later stage that needs them
+        reads them there instead of the candidates' vectors; None where no column does.
     """
 
     rows: np.ndarray
@@ -31,6 +34,7 @@ class Candidates:
     origin: np.ndarray | None = None
     ids: list[str] | None = None
     vector_store: str | None = None
+    inner_products: str | None = None
 
     def __post_init__(self):
         self.rows = np.asarray(self.rows, dtype=np.int64)
@@ -65,12 +69,14 @@ class Candidates:
             origin=self.origin[order],
             ids=None if self.ids is None else [self.ids[i] for i in order],
             vector_store=self.vector_store,
+            inner_products=self.inner_products,
         )
 
     def with_scores(self, stage: str, values: np.ndarray) -> "Candidates":
         scores = dict(self.scores)
         scores[stage] = np.asarray(values, dtype=np.float32)
-        return Candidates(self.rows, scores, self.vectors, self.texts, self.origin, self.ids, self.vector_store)
+        return Candidates(self.rows, scores, self.vectors, self.texts, self.origin, self.ids, self.vector_store,
+                          self.inner_products)
 
     def rerank_head(self, stage: str, head_scores: np.ndarray) -> "Candidates":
         """Score the first len(head_scores) candidates with `stage`, sort them by it, keep the tail in its order."""

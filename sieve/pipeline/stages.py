@@ -81,7 +81,10 @@ class Retrieve(FirstStage):
         query = state.query_vectors["be"].float().cpu().numpy()  # (d,)
         with state.timed("mips"):
             scores, rows = search_dense(self.dense, self.index, query, self.k, state)
-        state.candidates = Candidates(rows=rows, scores={"retrieve": scores.astype(np.float32)})
+        # the search's scores are the inner products CMC's evidence reads (`be`): exact on the CPU and through
+        # FAISS, fp16's on a CUDA device's flat search (index/device_flat.py), as the ranking itself is there
+        state.candidates = Candidates(rows=rows, scores={"retrieve": scores.astype(np.float32)},
+                                      inner_products="retrieve")
         state.counts[self.name] = len(state.candidates)
         return state
 
@@ -128,14 +131,18 @@ class CMCRerank:
 
     def prepare(self, state: QueryState) -> tuple:
         state.counts[self.name] = len(state.candidates)
-        needs_vectors = bool(self.bundle.config.evidence) and "be" not in state.candidates.scores  # be_of reads them
-        query, vectors = state.query_vectors["cmc"], None
+        cands, query, vectors = state.candidates, state.query_vectors["cmc"], None
+        # the inner products a column already holds are those be_of would compute where CMC shares the bi-encoder's
+        # query vector and its vectors: read there, no vector gathered (the `be` retriever over 16,384 candidates)
+        shared = self.bundle.config.mode != "separate" and state.query_vectors.get("be") is query
+        inner = cands.inner_products if shared and cands.inner_products in cands.scores else None
+        needs_vectors = bool(self.bundle.config.evidence) and "be" not in cands.scores and inner is None  # be_of reads them
         if self.reads_vectors or needs_vectors:
-            vectors = self.candidate_vectors(state.candidates, later=not needs_vectors)
+            vectors = self.candidate_vectors(cands, later=not needs_vectors)
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
-            evidence = features(be_of(state.candidates, vectors, query), bm25_of(state.candidates, self.index, state.query),
-                                self.bundle.config.evidence)
+            be = cands.scores[inner] if inner and "be" not in cands.scores else be_of(cands, vectors, query)
+            evidence = features(be, bm25_of(cands, self.index, state.query), self.bundle.config.evidence)
         if not self.reads_vectors:
             query = vectors = None
         return query, vectors, state.deadline, evidence

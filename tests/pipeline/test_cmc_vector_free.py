@@ -3,6 +3,8 @@ cmc-fusion-mlp) scores from the features alone: the stage gathers, pads and move
 its scores are exactly the ones the vectors would give (models/cmc.py reads_candidates)."""
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,8 @@ from sieve.models.cmc_checkpoint import CMCBundle, load_cmc
 from sieve.models.device import DeviceRuntime
 from sieve.pipeline.evidence import FEATURES
 from sieve.pipeline.first_stage import HybridRetrieve
-from sieve.pipeline.stages import CMCRerank
+from sieve.pipeline.candidates import Candidates
+from sieve.pipeline.stages import CMCRerank, Retrieve
 from sieve.pipeline.state import QueryState
 
 SHIPPED = Path(sieve.__file__).parent / "checkpoints" / "cmc-fusion"
@@ -110,3 +113,55 @@ def test_each_model_is_asked_once(biencoder):
     assert [stage.reads_vectors for stage in stages] == [False] * 3 and len(asked) == 1
     other = evidence_mlp(dim=biencoder.dim)  # a swapped-in model is asked afresh
     assert CMCRerank(CMCBundle(other.cfg, other, biencoder, None, "x", biencoder.weights_hash), None).reads_vectors is False
+
+
+def be_first_stage(index, biencoder, query: str, k: int, same_vector: bool = True) -> QueryState:
+    vector = biencoder.encode_queries([query])[0]
+    state = QueryState(query, query_vectors={"be": vector, "cmc": vector if same_vector else vector.clone()})
+    return Retrieve(index, k)(state)
+
+
+def test_after_the_be_retriever_the_evidence_reads_its_scores_not_the_vectors(demo_index_dir, biencoder,
+                                                                               monkeypatch):
+    """The `be` retriever's scores are the inner products CMC's `be` evidence needs: the stage takes them from there
+    (the same features to float32 rounding, the same ranking) and reads no candidate vector for them."""
+    bundle = load_cmc(SHIPPED, biencoder)
+    queries = ["how do volcanoes erupt", "ocean tides and the moon", "black holes"]
+    with SearchIndex.load(demo_index_dir) as index:
+        stage = CMCRerank(bundle, index)
+        states = [be_first_stage(index, biencoder, q, index.size) for q in queries]
+        assert all(s.candidates.inner_products == "retrieve" for s in states)
+        reference = []
+        for state in states:  # as before: the inner products computed from the gathered vectors
+            blind = copy.copy(state)
+            blind.candidates = replace(state.candidates, inner_products=None)
+            reference.append(stage.prepare(blind))
+        monkeypatch.setattr(index, "embeddings", lambda *_, **__: pytest.fail("a candidate vector was read"))
+        monkeypatch.setattr(index, "embeddings_into", lambda *_, **__: pytest.fail("a candidate vector was read"),
+                            raising=False)
+        items = [stage.prepare(state) for state in states]
+        for got, want in zip(items, reference):
+            np.testing.assert_allclose(got[3], want[3], rtol=0, atol=2e-6)  # the evidence features
+        for got, want, state in zip(stage.compute(items), stage.compute(reference), states):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+            assert len(got) == len(state.candidates) == index.size
+            np.testing.assert_array_equal(np.argsort(-got, kind="stable"), np.argsort(-want, kind="stable"))
+
+
+def test_a_cmc_query_vector_of_its_own_reads_the_vectors(demo_index_dir, biencoder):
+    """Where CMC's query vector is not the one the retriever searched with, the scores are not its inner products:
+    the vectors are read as before."""
+    bundle = load_cmc(SHIPPED, biencoder)
+    with SearchIndex.load(demo_index_dir) as index:
+        read = []
+        embeddings = index.embeddings
+        index.embeddings = lambda rows, **kw: read.append(len(rows)) or embeddings(rows, **kw)
+        CMCRerank(bundle, index).prepare(be_first_stage(index, biencoder, "black holes", 8, same_vector=False))
+    assert read == [8]
+
+
+def test_the_marker_follows_the_candidates_through_takes_and_new_columns():
+    cands = Candidates(rows=np.arange(4), scores={"retrieve": np.arange(4, dtype=np.float32)}, inner_products="retrieve")
+    assert cands.take(np.array([2, 0])).inner_products == "retrieve"
+    assert cands.with_scores("cmc", np.zeros(4)).inner_products == "retrieve"
+    assert cands.rerank_head("cmc", np.array([0.0, 1.0])).inner_products == "retrieve"
