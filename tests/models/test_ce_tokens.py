@@ -114,4 +114,6 @@ def test_threads_tokenize_at_once_beside_a_tokenizer_reconfigured_between_calls(
         for n, ids in pool.map(one, range(48)):
             assert ids == expected[n]
     assert ce_tokens.unlocked(locked) is ce_tokens.unlocked(tokenizer)  # one copy per backend
-    assert ce_tokens.unlocked(tokenizer).truncation is None and ce_tokens.unlocked(tokenizer).padding is None
+    copy = ce_tokens.unlocked(tokenizer)  # the backend's copy and its plain-text twin (models/plain_text.py)
+    assert copy.fast is not None
+    assert all(t.truncation is None and t.padding is None for t in (copy.backend, copy.fast))
