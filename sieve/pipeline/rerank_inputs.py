@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from sieve.models import ce_tokens
 from sieve.models.clip import clip_all
 from sieve.models.cmc_checkpoint import CMCBundle
 from sieve.models.text_encoder import TextEncoder
@@ -72,8 +73,14 @@ def check_work(texts: Sequence[str], max_length: int, limit: int | None, tokeniz
 
 
 def token_lengths(tokenizer, texts: Sequence[str], max_length: int) -> list[int]:
-    """Tokens of each text with its special tokens, cut at `max_length` (one batch call of the fast tokenizer)."""
-    ids = tokenizer(clip_all(texts, max_length), add_special_tokens=True, truncation=True, max_length=max_length,
+    """Tokens of each text with its special tokens, cut at `max_length` (one batch call of the fast tokenizer). A
+    fast tokenizer counts on its never-reconfigured copy (models/ce_tokens.py `unlocked`: no lock held, plain ASCII
+    texts without the normaliser's Unicode work), whose untruncated length cut at max_length is what truncation
+    keeps (the special tokens stay); a slow one through its own call."""
+    texts = clip_all(texts, max_length)
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:
+        return [min(len(e.ids), max_length) for e in ce_tokens.unlocked(tokenizer).encode_batch(texts, add_special_tokens=True)]
+    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length,
                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
     return [len(row) for row in ids]
 

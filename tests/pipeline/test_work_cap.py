@@ -62,3 +62,16 @@ def test_no_step_between_deadline_checks_reads_more_than_one_step_of_tokens():
     assert encode_within(tower, long_texts, None) is not None
     assert max(tower.passes) <= DEADLINE_STEP_TOKENS <= 1024 and len(tower.passes) > 1
     assert Settings(_env_file=None).ce_batch_tokens <= 2048  # the cross-encoder's step: one forward pass
+
+
+@pytest.mark.parametrize("max_length", [16, 128, 512])
+def test_counted_lengths_are_what_the_tokenizer_keeps(max_length):
+    """Counted on the tokenizer's unlocked copy (plain ASCII texts through its twin, models/plain_text.py): each
+    length is that of the tokenizer's own truncating call, special tokens included."""
+    tokenizer = packaged_tokenizer()
+    texts = [*ordinary_passages(30), "caf\u00e9 na\u00efve \u00fcber " * 40, "\u706b\u5c71" * 300, "", "a\x07b " * 90,
+             "Short.", "x" * 5000, "UPPER case\twith\ttabs\nand lines " * 60]
+    want = [len(row) for row in tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)
+            ["input_ids"]]
+    assert token_lengths(tokenizer, texts, max_length) == want
+    assert max(want) == max_length and min(want) == 2
