@@ -10,7 +10,8 @@ offsets of the original at about 0.7x its CPU (SciFact abstracts cut to 768 char
 20.3 against 29.3 ms for 100; the same ids for all 4,392 ASCII abstracts of the 5,183). Any other text, and any
 tokenizer that is not built this way, goes through the original (tests/models/test_plain_text.py).
 
-The cross-encoder's per-document ids (models/ce_tokens.py) use it: a /rerank of caller texts tokenizes each of them.
+The cross-encoder's per-document ids (models/ce_tokens.py) use it: a /rerank of caller texts tokenizes each of them;
+so does the bi-encoder's `tokenize` (models/text_encoder.py: documents at index build and in a /rerank with CMC).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def is_plain(text: str) -> bool:
 
 def twin(backend):
     """A copy of a tokenizers.Tokenizer whose BertNormalizer is replaced by lowercasing alone (by nothing when it
-    does not lowercase), no truncation, no padding; None when the tokenizer is not BertNormalizer + BertPreTokenizer."""
+    does not lowercase), with the backend's own truncation and no padding; None when the tokenizer is not
+    BertNormalizer + BertPreTokenizer."""
     from tokenizers import Tokenizer
 
     config = json.loads(backend.to_str())
@@ -35,10 +37,8 @@ def twin(backend):
     if normalizer.get("type") != "BertNormalizer" or pre_tokenizer.get("type") != "BertPreTokenizer":
         return None
     config["normalizer"] = {"type": "Lowercase"} if normalizer.get("lowercase", True) else None
-    copy = Tokenizer.from_str(json.dumps(config))
-    copy.no_truncation()
-    copy.no_padding()
-    return copy
+    config["padding"] = None
+    return Tokenizer.from_str(json.dumps(config))
 
 
 class PlainFirst:

@@ -18,6 +18,7 @@ from sieve.models.biencoder import SentenceEncoder
 from sieve.models.buckets import bucket_tokens
 from sieve.models.clip import CHARS_PER_TOKEN, clip_all, clip_chars
 from sieve.models.device import DeviceRuntime, own_stream, run_graphed
+from sieve.models.plain_text import PlainFirst
 from sieve.models.weights import check_model_dir, offline, weights_hash
 
 
@@ -81,8 +82,29 @@ class TextEncoder:
         return len(self.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"])
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer(clip_all(texts, max_length), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
+        """The tokenizer's padded, truncated batch. A fast tokenizer's comes from a private copy truncating at
+        max_length (`truncating`: no lock held, plain ASCII texts without the normaliser's Unicode work), padded
+        here to the longest as the tokenizer pads (tests/models/test_plain_text.py)."""
+        texts = clip_all(texts, max_length)
+        fast = truncating(self.tokenizer, max_length) if texts else None
+        if fast is None:
+            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
+        ids = [e.ids for e in fast.encode_batch(texts, add_special_tokens=True)]
+        input_ids, mask = self.padded(ids)
+        return {"input_ids": torch.from_numpy(input_ids).to(self.device), "attention_mask": torch.from_numpy(mask).to(self.device)}
+
+    def padded(self, ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(B, longest) token ids padded as the tokenizer pads (its pad id, on its padding side) and the mask."""
+        counts = [len(row) for row in ids]
+        width = max(counts, default=0)
+        input_ids = np.full((len(ids), width), self.tokenizer.pad_token_id or 0, dtype=np.int64)  # (B, L)
+        mask = np.zeros((len(ids), width), dtype=np.int64)  # (B, L)
+        left = self.tokenizer.padding_side == "left"
+        for row, (tokens, n) in enumerate(zip(ids, counts)):
+            at = slice(width - n, width) if left else slice(0, n)
+            input_ids[row, at], mask[row, at] = tokens, 1
+        return input_ids, mask
 
     def tokenize_counted(self, texts: Sequence[str], max_length: int) -> tuple[dict[str, torch.Tensor], list[int]]:
         """`tokenize(texts, max_length)` and each text's `count_tokens`, tokenizing once: the token counter's batch
@@ -97,13 +119,7 @@ class TextEncoder:
         counts = [len(row) for row in ids]
         if max(counts, default=0) > max_length:  # short enough not to be clipped: these are count_tokens' counts
             return self.tokenize(texts, max_length), counts
-        width = max(counts, default=0)
-        input_ids = np.full((len(ids), width), self.tokenizer.pad_token_id or 0, dtype=np.int64)  # (B, L)
-        mask = np.zeros((len(ids), width), dtype=np.int64)  # (B, L)
-        left = self.tokenizer.padding_side == "left"
-        for row, (tokens, n) in enumerate(zip(ids, counts)):
-            at = slice(width - n, width) if left else slice(0, n)
-            input_ids[row, at], mask[row, at] = tokens, 1
+        input_ids, mask = self.padded(ids)
         return {"input_ids": torch.from_numpy(input_ids).to(self.device),
                 "attention_mask": torch.from_numpy(mask).to(self.device)}, counts
 
@@ -140,6 +156,30 @@ class TextEncoder:
                 vectors = self.module(**self.tokenize([texts[i] for i in idx], max_length))
                 out[idx] = vectors.float().cpu().numpy()
         return out
+
+
+_TRUNCATING: dict[tuple[int, int], tuple[object, PlainFirst]] = {}
+
+
+def truncating(tokenizer, max_length: int) -> PlainFirst | None:
+    """A private copy of a fast tokenizer's backend that truncates at max_length as the tokenizer's own call with
+    truncation=True does (its truncation side), pads nothing and is never reconfigured, so threads use it at once
+    without the tokenizer's lock; plain ASCII texts through its twin (models/plain_text.py). One per backend and
+    max_length, made on first use; None for a tokenizer without a Rust backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    found = _TRUNCATING.get((id(backend), max_length))
+    if found is None or found[0] is not backend:
+        from tokenizers import Tokenizer
+
+        copy_ = Tokenizer.from_str(backend.to_str())
+        copy_.no_padding()
+        copy_.enable_truncation(max_length, strategy="longest_first",
+                                direction=getattr(tokenizer, "truncation_side", "right"))
+        found = _TRUNCATING[(id(backend), max_length)] = (backend, PlainFirst(copy_))  # the backend kept: its id
+        # is not reused
+    return found[1]
 
 
 def token_counter(tokenizer):

@@ -10,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from sieve.models.clip import clip_all
 from sieve.models.plain_text import PlainFirst, is_plain, twin
 from sieve.models.weights import default_model_path
 from tests.conftest import ordinary_passages
@@ -82,3 +83,25 @@ def test_only_a_bert_normaliser_and_pre_tokenizer_get_a_twin(backend):
     assert json.loads(twin(cased_tokenizer).to_str())["normalizer"] is None
     batch = texts()
     assert as_tuples(PlainFirst(cased_tokenizer).encode_batch(batch)) == as_tuples(cased_tokenizer.encode_batch(batch))
+
+
+@pytest.mark.parametrize("max_length", [8, 64, 256])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_bi_encoders_batches_are_the_tokenizers_own(biencoder, max_length, side):
+    """TextEncoder.tokenize (documents at build, /rerank texts for CMC, long queries) through its private truncating
+    copy: the very tensors the tokenizer's own padded, truncated call gives, on either padding and truncation side."""
+    import copy
+
+    import torch
+
+    encoder = copy.copy(biencoder)
+    encoder.tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
+    encoder.tokenizer.padding_side = encoder.tokenizer.truncation_side = side
+    batch = [*texts()[::3], "Volcanic ash columns reach the stratosphere. " * 60, "caf\u00e9 " * 400]
+    got = encoder.tokenize(batch, max_length)
+    # as before: the texts cut by characters first (models/clip.py), then the tokenizer's own call
+    want = encoder.tokenizer(clip_all(batch, max_length), padding=True, truncation=True, max_length=max_length,
+                             return_tensors="pt")
+    for key in ("input_ids", "attention_mask"):
+        assert torch.equal(got[key], want[key]), key
+    assert got["input_ids"].shape[1] == max_length  # some texts were cut
