@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 
 from sieve.models.clip import clip_all
-from sieve.models.plain_text import PlainFirst
 
 STORE = "ce_tokens"
 FIRST_CHARS_PER_TOKEN = 6  # document_ids' first cut
@@ -78,25 +77,16 @@ def query_ids(tokenizer, queries: Sequence[str], query_max_length: int) -> list[
     return [ids[q] for q in queries]
 
 
-_UNLOCKED: dict[int, tuple[object, object]] = {}
-
-
 def unlocked(tokenizer):
-    """A private copy of a fast tokenizer's backend (tokenizers.Tokenizer) that nothing reconfigures: no truncation,
-    no padding, ever. The transformers wrapper sets the shared backend's truncation on a call whose settings differ
-    from the last, which is why serving locks each tokenizer (pipeline/threadsafe.py) and tokenizes one call at a
-    time; this copy is only read, so threads call it at once without a lock, each call's Rust part outside the
-    interpreter lock (ids are cut to length by the caller: the first n ids, as truncation keeps them). One copy per
-    backend, made on first use. Plain ASCII texts skip the normaliser's Unicode work there (models/plain_text.py: the
-    same ids at about 0.7x the CPU)."""
-    backend = tokenizer.backend_tokenizer
-    found = _UNLOCKED.get(id(backend))
-    if found is None or found[0] is not backend:
-        from sieve.models.text_encoder import token_counter  # made as the query's token counter is
+    """A private copy of a fast tokenizer's backend that nothing reconfigures: no truncation, no padding, ever
+    (text_encoder.private_copy). The transformers wrapper sets the shared backend's truncation on a call whose
+    settings differ from the last, which is why serving locks each tokenizer (pipeline/threadsafe.py) and tokenizes one
+    call at a time; this copy is only read, so threads call it at once without a lock (ids are cut to length by the
+    caller: the first n ids, as truncation keeps them). Plain ASCII texts skip the normaliser's Unicode work there
+    (models/plain_text.py: the same ids at about 0.7x the CPU)."""
+    from sieve.models.text_encoder import private_copy
 
-        found = _UNLOCKED[id(backend)] = (backend, PlainFirst(token_counter(tokenizer)))  # the backend kept: its
-        # id is not reused
-    return found[1]
+    return private_copy(tokenizer)
 
 
 def pack(ids: Sequence[Sequence[int]], width: int) -> np.ndarray:

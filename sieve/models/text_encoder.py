@@ -83,10 +83,10 @@ class TextEncoder:
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
         """The tokenizer's padded, truncated batch. A fast tokenizer's comes from a private copy truncating at
-        max_length (`truncating`: no lock held, plain ASCII texts without the normaliser's Unicode work), padded
+        max_length (`private_copy`: no lock held, plain ASCII texts without the normaliser's Unicode work), padded
         here to the longest as the tokenizer pads (tests/models/test_plain_text.py)."""
         texts = clip_all(texts, max_length)
-        fast = truncating(self.tokenizer, max_length) if texts else None
+        fast = private_copy(self.tokenizer, max_length) if texts else None
         if fast is None:
             batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
             return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
@@ -158,27 +158,26 @@ class TextEncoder:
         return out
 
 
-_TRUNCATING: dict[tuple[int, int], tuple[object, PlainFirst]] = {}
+_COPIES: dict[tuple[int, int | None], tuple[object, PlainFirst]] = {}
 
 
-def truncating(tokenizer, max_length: int) -> PlainFirst | None:
-    """A private copy of a fast tokenizer's backend that truncates at max_length as the tokenizer's own call with
-    truncation=True does (its truncation side), pads nothing and is never reconfigured, so threads use it at once
-    without the tokenizer's lock; plain ASCII texts through its twin (models/plain_text.py). One per backend and
-    max_length, made on first use; None for a tokenizer without a Rust backend."""
+def private_copy(tokenizer, max_length: int | None = None) -> PlainFirst | None:
+    """A private copy of a fast tokenizer's backend (token_counter's), plain ASCII texts through its twin
+    (models/plain_text.py): never reconfigured, so threads call it at once without the tokenizer's lock, each call's
+    Rust part outside the interpreter lock. No padding; with `max_length` it truncates there as the tokenizer's own
+    call with truncation=True does (its truncation side), else not at all. One per backend and max_length, made on
+    first use; None for a tokenizer without a Rust backend."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
-    found = _TRUNCATING.get((id(backend), max_length))
+    found = _COPIES.get((id(backend), max_length))
     if found is None or found[0] is not backend:
-        from tokenizers import Tokenizer
-
-        copy_ = Tokenizer.from_str(backend.to_str())
-        copy_.no_padding()
-        copy_.enable_truncation(max_length, strategy="longest_first",
-                                direction=getattr(tokenizer, "truncation_side", "right"))
-        found = _TRUNCATING[(id(backend), max_length)] = (backend, PlainFirst(copy_))  # the backend kept: its id
-        # is not reused
+        copy_ = token_counter(tokenizer)
+        if max_length is not None:
+            copy_.enable_truncation(max_length, strategy="longest_first",
+                                    direction=getattr(tokenizer, "truncation_side", "right"))
+        found = _COPIES[(id(backend), max_length)] = (backend, PlainFirst(copy_))  # the backend kept: its id is
+        # not reused
     return found[1]
 
 

@@ -133,10 +133,14 @@ def _features_by_column(be: np.ndarray, bm25: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def be_of(candidates, vectors: np.ndarray, query_vector) -> np.ndarray:
-    """The candidates' bi-encoder inner products: the hybrid stage's "be" column, else vectors @ query."""
+def be_of(candidates, vectors: np.ndarray | None, query_vector, inner: str | None = None) -> np.ndarray:
+    """The candidates' bi-encoder inner products: the hybrid stage's "be" column, else the column `inner` (the `be`
+    retriever's scores, where the caller knows they are these products: Candidates.inner_products), else
+    vectors @ query."""
     if "be" in candidates.scores:
         return candidates.scores["be"]
+    if inner is not None:
+        return candidates.scores[inner]
     return vectors @ query_vector.float().cpu().numpy()
 
 

@@ -141,8 +141,8 @@ class CMCRerank:
             vectors = self.candidate_vectors(cands, later=not needs_vectors)
         evidence = None
         if self.bundle.config.evidence:  # a CMC that fuses first-stage evidence (pipeline/evidence.py)
-            be = cands.scores[inner] if inner and "be" not in cands.scores else be_of(cands, vectors, query)
-            evidence = features(be, bm25_of(cands, self.index, state.query), self.bundle.config.evidence)
+            evidence = features(be_of(cands, vectors, query, inner), bm25_of(cands, self.index, state.query),
+                                self.bundle.config.evidence)
         if not self.reads_vectors:
             query = vectors = None
         return query, vectors, state.deadline, evidence
