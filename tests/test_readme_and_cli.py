@@ -130,3 +130,14 @@ def test_cli_keeps_the_cross_encoders_token_ids(tmp_path, cache_dir):
     half = sieve("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "half"), "--dtype", "float16",
                  "--ce-tokens", env=env)
     assert half.returncode != 0 and "float32" in half.stderr and "Traceback" not in half.stderr
+
+
+def test_eval_pipelines_are_read_against_the_stage_registry(tmp_path):
+    """`sieve eval --pipelines` in a fresh process: the registry is loaded before the names are checked (a bare
+    `--pipelines be` was once refused: "'be' is not a retriever ()")."""
+    wrong = sieve("eval", "--data", str(tmp_path), "--pipelines", "be,colbert")
+    assert wrong.returncode == 2 and "'colbert' is not a retriever (" in wrong.stderr, wrong.stderr
+    assert "be, bm25, hybrid" in wrong.stderr, wrong.stderr
+    right = sieve("eval", "--data", str(tmp_path / "nowhere"), "--pipelines", "be,hybrid+cmc,anncur")
+    assert "is not a retriever" not in right.stderr, right.stderr  # parsed; it fails later, on the missing data
+    assert right.returncode != 0 and "nowhere" in right.stderr, right.stderr

@@ -25,8 +25,11 @@ TRANSFER_PIPELINES = "be,bm25,hybrid,be+cmc,hybrid+cmc,be+cmc+ce,hybrid+cmc+ce"
 
 
 def pipelines_arg(text: str) -> list[str]:
-    from sieve.evaluation.runner import parse_pipelines  # the stage registry: only once the command runs
+    import sieve.stages  # noqa: F401 (registers the core stages: only once --pipelines is given)
+    from sieve.evaluation.runner import parse_pipelines
+    from sieve.pipeline import registry
 
+    registry.load_plugins()  # the research stages' pipelines (annCUR, MixEncoder, late interaction)
     try:
         return parse_pipelines(text)
     except ValueError as exc:
