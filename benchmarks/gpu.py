@@ -518,6 +518,7 @@ def build_section(run: Run, args) -> None:
     run.data["build"] = {"documents": docs, "seconds_with_start_up": round(seconds, 1),
                          "docs_per_s": round(docs / seconds, 1), "exit": done.returncode,
                          "parts_s": json.loads(reply[-1]).get("seconds") if reply else None,
+                         "document_precision": json.loads(reply[-1]).get("document_precision") if reply else None,
                          "log_tail": done.stderr[-1500:]}
     run.save()
     if done.returncode != 0:

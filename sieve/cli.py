@@ -166,9 +166,10 @@ def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Pa
              ce_tokens: bool = False) -> dict:
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
-    from sieve.service.components import load_biencoder
+    from sieve.service.components import load_biencoder, lower_documents
 
     biencoder = load_biencoder(settings, pick_device(settings.device))
+    lower_documents(settings, biencoder)
     found = {"primary": biencoder}
     if cmc_checkpoint:
         bundle = load_cmc(cmc_checkpoint, biencoder)
@@ -234,7 +235,7 @@ def cmd_build(args, settings: Settings) -> None:
                            extra_stores=extra or None, lexical=lexical_of(args, settings),
                            lexical_processes=args.lexical_processes or build_processes(len(docs)), timings=timings)
     print(json.dumps({"index": str(args.out), "count": manifest.count, "version": manifest.version,
-                      "lexical": manifest.lexical or None,
+                      "lexical": manifest.lexical or None, "document_precision": found["primary"].doc_precision,
                       "seconds": {part: round(s, 2) for part, s in timings.items()}}))
 
 

@@ -88,6 +88,7 @@ def test_cli_build_add_delete(tmp_path, cache_dir):
     assert out.returncode == 0, out.stderr
     built = json.loads(out.stdout.splitlines()[-1])
     assert built["count"] == 60 and set(built["seconds"]) == {"encode", "lexical_wait", "write"}
+    assert built["document_precision"] == "fp32"  # the suite's SIEVE_PRECISION (tests/conftest.py)
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"_id": "new-1", "title": "Tea", "text": "Green tea is steamed."}) + "\n")
     added = sieve("index", "add", "--index", str(tmp_path / "idx"), "--corpus", str(extra), env=env)

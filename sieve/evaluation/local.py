@@ -41,9 +41,10 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
     """<cache_dir>/eval-indexes/<name>-<model key>: one index per dataset and per set of document encoders."""
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
-    from sieve.service.components import load_biencoder, stage_settings
+    from sieve.service.components import load_biencoder, lower_documents, stage_settings
 
     biencoder = load_biencoder(settings, pick_device(settings.device))
+    lower_documents(settings, biencoder)
     extra = {}
     if settings.cmc_enabled and (cmc_path := settings.resolved_cmc_path()) is not None:
         tower = load_cmc(cmc_path, biencoder).candidate_tower  # separate mode: its own document vectors
@@ -53,7 +54,8 @@ def eval_index(settings: Settings, name: str, corpus_path: Path) -> Path:
     for spec in registry.stages():  # stores a stage keeps in the index (the MixEncoder's context embeddings)
         if (make := spec.extra.get("eval_store")) and (store := make(settings, stage_settings(spec, settings), biencoder)):
             extra[store[0]] = store[1]
-    key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values())])[:12]
+    precision = [] if biencoder.doc_precision == "fp32" else [f"documents in {biencoder.doc_precision}"]  # fp32: the key as before
+    key = hash_strings([biencoder.weights_hash, *(tower.weights_hash for tower in extra.values()), *precision])[:12]
     index_dir = Path(settings.cache_dir) / "eval-indexes" / f"{name}-{key}"
     return ensure_index(corpus_path, biencoder, index_dir, settings.cache_dir, extra, settings.lexical_config())
 

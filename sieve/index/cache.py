@@ -14,8 +14,11 @@ from .encoder import DocumentEncoder, checked_embeddings
 
 
 def cache_key(encoder: DocumentEncoder, texts: Sequence[str]) -> str:
-    """sha256 over model identity, document max length and the exact texts."""
-    parts = [encoder.name, encoder.weights_hash, str(encoder.max_length), hash_strings(texts)]
+    """sha256 over model identity, document max length, the precision the documents are encoded in (when not
+    fp32: keys made before it are fp32's) and the exact texts."""
+    precision = getattr(encoder, "doc_precision", "fp32")
+    parts = [encoder.name, encoder.weights_hash, str(encoder.max_length), *([] if precision == "fp32" else [precision]),
+             hash_strings(texts)]
     return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
 
 

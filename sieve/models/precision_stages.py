@@ -1,8 +1,11 @@
-"""The three stages that run in lower precision (models/precision.py), each with its guard probe: fixed inputs
-from the packaged demo corpus, scored by the fp32 and the lowered module.
+"""The stages that run in lower precision (models/precision.py), each with its guard probe: fixed inputs from the
+packaged demo corpus, scored by the fp32 and the lowered module.
 
-Each function returns (module to serve, Choice); the caller puts the module in place. Document encoding always
-stays fp32 (the index was built in fp32, and live additions must match it): only the query path is lowered.
+Each function returns (module to serve, Choice); the caller puts the module in place. The bi-encoder's document
+tower has a setting of its own (SIEVE_DOC_PRECISION): an index and its live writes are encoded by whatever the
+process that encodes them picked, and a lowered vector is within 1e-4 in cosine of its fp32 one (SciFact abstracts in
+bf16 on an AMD Zen 5 host: at least 0.99992; benchmarks/results/doc_encode_*.json), so an index built in one
+precision and written to in another keeps one ranking.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from sieve.models.text_encoder import TextEncoder
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "demo_corpus.jsonl"
 N_QUERIES, N_DOCS = 8, 32  # probe rankings, items per ranking
+N_PROBE_DOCS = 16  # the document tower's probe: each is encoded at the document length, slow in fp32 on a CPU
 RUNTIMES = ("auto", "torch", "openvino")  # the cross-encoder's (SIEVE_CE_RUNTIME)
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,25 @@ def lower_query_tower(encoder: TextEncoder, mode: str) -> tuple[nn.Module, Choic
     mode would cost more than it saves (models/attention.py)."""
     return lower(encoder.module, encoder.device, mode, query_probe(encoder), int8=False,
                  chunked_attention=None if encoder.lengths.query_max_length >= attention.MIN_KEYS else False)
+
+
+def document_probe(encoder: TextEncoder) -> Probe:
+    """Inner products of fp32 probe query vectors with the probe documents, encoded by the module (at the encoder's
+    document length and batch size, as an index build encodes them)."""
+    queries = torch.from_numpy(encoder.encode(list(probe_texts()[0]), encoder.lengths.query_max_length))  # (P, d)
+    docs = list(probe_texts()[1][:N_PROBE_DOCS])
+
+    def probe(module: nn.Module) -> np.ndarray:
+        return queries.numpy() @ encoder.encode(docs, encoder.lengths.doc_max_length, module=module).T  # (P, N)
+
+    return probe
+
+
+def lower_document_tower(encoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:
+    """The module to encode documents with (index build, live writes): the bi-encoder in the precision
+    best_dtype picks (fp16 on CUDA, bf16 on a CPU with native bf16; never int8), kept only where it keeps the
+    probe documents' rankings for the probe queries (and, on a CPU, is not pathologically slower); else fp32."""
+    return lower(encoder.module, encoder.device, mode, document_probe(encoder), int8=False)
 
 
 def lower_cmc(bundle: CMCBundle, biencoder: TextEncoder, mode: str) -> tuple[nn.Module, Choice]:

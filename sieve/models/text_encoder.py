@@ -5,6 +5,7 @@ Batching and length-sorting live here, not in the model, so the model stays a pu
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -40,6 +41,9 @@ class TextEncoder:
         self.module = module.to(device).eval()
         # encodes queries; start-up may swap in a lower-precision copy (models/precision_stages.py), documents stay fp32
         self.query_module = self.module
+        # encodes documents (index build, live writes); start-up may swap in a lower-precision copy that passed its
+        # guard (precision_stages.lower_document_tower); doc_precision names it, and is part of the embedding cache key
+        self.doc_module, self.doc_precision = self.module, "fp32"
         self.tokenizer = tokenizer
         self.name = name
         self.weights_hash = weights_hash
@@ -143,18 +147,28 @@ class TextEncoder:
         return run_graphed(self.query_module, self.runtime.graphs, **batch)[:n]
 
     def encode_documents(self, texts: Sequence[str], progress: bool = True) -> np.ndarray:
-        return self.encode(texts, self.lengths.doc_max_length, progress=progress)
+        return self.encode(texts, self.lengths.doc_max_length, progress=progress, module=self.doc_module)
 
-    def encode(self, texts: Sequence[str], max_length: int, progress: bool = False) -> np.ndarray:
-        """(N, d) float32; texts sorted by length so each batch carries little padding, then put back in order."""
+    def encode(self, texts: Sequence[str], max_length: int, progress: bool = False,
+               module: torch.nn.Module | None = None) -> np.ndarray:
+        """(N, d) float32 from `module` (default: the fp32 module); texts sorted by length so each batch carries
+        little padding, then put back in order. Each next batch is tokenized in a thread while the current one runs
+        through the model (the fast tokenizer's batch call releases the interpreter lock)."""
+        module = self.module if module is None else module
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        starts = range(0, len(texts), self.batch_size)
-        with torch.inference_mode():
-            for start in tqdm(starts, desc=f"encode {self.name}", unit="batch", disable=not progress):
-                idx = order[start:start + self.batch_size]
-                vectors = self.module(**self.tokenize([texts[i] for i in idx], max_length))
-                out[idx] = vectors.float().cpu().numpy()
+        batches = [order[start:start + self.batch_size] for start in range(0, len(texts), self.batch_size)]
+        tokenize = lambda idx: self.tokenize([texts[i] for i in idx], max_length)  # noqa: E731
+        if len(batches) == 1:  # a live write, a probe: no thread to start
+            with torch.inference_mode():
+                out[batches[0]] = module(**tokenize(batches[0])).float().cpu().numpy()
+            return out
+        with torch.inference_mode(), ThreadPoolExecutor(1, thread_name_prefix="tokenize") as ahead:
+            upcoming = ahead.submit(tokenize, batches[0]) if batches else None
+            for n, idx in enumerate(tqdm(batches, desc=f"encode {self.name}", unit="batch", disable=not progress)):
+                batch = upcoming.result()
+                upcoming = ahead.submit(tokenize, batches[n + 1]) if n + 1 < len(batches) else None
+                out[idx] = module(**batch).float().cpu().numpy()
         return out
 
 

@@ -6,14 +6,14 @@ registration order: a stage's loader sees the settings, its own settings class, 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 import sieve.stages  # noqa: F401 (registers the core stages)
 from sieve.models.cross_encoder import CrossEncoder
 from sieve.models.device import pick_device
-from sieve.models.precision_stages import lower_cmc, lower_cross_encoder, lower_query_tower
+from sieve.models.precision_stages import lower_cmc, lower_cross_encoder, lower_document_tower, lower_query_tower
 from sieve.models.text_encoder import EncoderLengths, TextEncoder
 from sieve.pipeline import registry
 from sieve.pipeline.registry import LoadContext
@@ -75,6 +75,18 @@ def load_biencoder(settings: Settings, device: torch.device) -> TextEncoder:
     lengths = EncoderLengths(settings.query_max_length, settings.doc_max_length)
     return TextEncoder.from_pretrained(settings.resolved_model_path(), name=settings.model_name, lengths=lengths,
                                        device=device, batch_size=settings.encode_batch_size)
+
+
+def lower_documents(settings: Settings, biencoder: TextEncoder) -> dict:
+    """Puts the document tower SIEVE_DOC_PRECISION and SIEVE_PRECISION allow in place (fp32 when either is fp32);
+    returns its record."""
+    mode = "fp32" if "fp32" in (settings.precision, settings.doc_precision) else "auto"
+    biencoder.doc_module, choice = lower_document_tower(biencoder, mode)
+    if choice.dtype == "fp32" and mode == "fp32":
+        choice = replace(choice, reason="SIEVE_PRECISION=fp32" if settings.precision == "fp32" else "SIEVE_DOC_PRECISION=fp32")
+    biencoder.doc_precision = choice.dtype
+    log.info("precision bi_encoder_documents: %s (%s)", choice.dtype, choice.reason)
+    return choice.as_dict()
 
 
 def stage_settings(spec, settings: Settings):
@@ -141,6 +153,7 @@ def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) ->
     cross_encoder = models.get("ce") if isinstance(models.get("ce"), CrossEncoder) else None
     module, choice = lower_query_tower(biencoder, settings.precision)
     biencoder.query_module, record = module, {"bi_encoder_query": choice.as_dict()}
+    record["bi_encoder_documents"] = lower_documents(settings, biencoder)  # live writes
     if cmc is not None:
         cmc.model, choice = lower_cmc(cmc, biencoder, settings.precision)
         record["cmc"] = choice.as_dict()
@@ -151,5 +164,6 @@ def lower_precision(settings: Settings, biencoder: TextEncoder, models: dict) ->
         models["ce"], choice = lower_cross_encoder(cross_encoder, settings.precision, settings.ce_runtime)
         record["cross_encoder"] = choice.as_dict()
     for stage, rec in record.items():
-        log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])
+        if stage != "bi_encoder_documents":  # logged by lower_documents
+            log.info("precision %s: %s (%s)", stage, rec["dtype"], rec["reason"])
     return record

@@ -27,6 +27,7 @@ def test_auto_reports_what_this_cpu_runs_and_serves(auto_server):
         precision = client.get("/readyz").json()["precision"]
         assert precision["cmc"]["dtype"] == expected(), precision
         assert precision["bi_encoder_query"]["dtype"] == expected(int8=False), precision
+        assert precision["bi_encoder_documents"]["dtype"] == expected(int8=False), precision  # live writes
         # the cross-encoder: compiled by OpenVINO where the CPU has native bf16 (SIEVE_CE_RUNTIME=auto), else torch
         assert (precision["cross_encoder"]["dtype"], precision["cross_encoder"]["runtime"]) == (
             ("bf16", "openvino") if native_bf16() else ("fp32", "torch")), precision
@@ -45,6 +46,6 @@ def test_auto_reports_what_this_cpu_runs_and_serves(auto_server):
 
 def test_fp32_setting_runs_every_stage_in_fp32(client):
     precision = client.get("/readyz").json()["precision"]
-    assert set(precision) == {"bi_encoder_query", "cmc"}  # this server loads no cross-encoder
+    assert set(precision) == {"bi_encoder_query", "bi_encoder_documents", "cmc"}  # this server loads no cross-encoder
     fp32 = {"dtype": "fp32", "reason": "SIEVE_PRECISION=fp32", "spearman": None, "runtime": "torch"}
     assert all(p == fp32 for p in precision.values())
