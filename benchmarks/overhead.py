@@ -8,7 +8,7 @@ stay up for the whole section:
   validation, tokenization, batchers, FAISS, BM25, fusion, features, metrics, the response): QPS and server CPU
   milliseconds per request at 1 and 2 worker processes (each with the default SIEVE_PIN_INTERPRETER, automatic:
   a single worker on 2-4 CPUs pins its interpreter; `--unpinned` adds both with it off, and 2 with it on), and
-  today's main (`--baseline-tree`) at 1.
+  today's main (`--baseline-tree`) at 1 (`--baseline-2w`: and at 2, `main-2w`).
 - `real`: the default /search with the real models at 16 clients, this commit against `--baseline-tree`.
 - `replicas` (only when asked for): two single-worker zero-cost servers of this commit on one host, each with half
   the clients at once, unpinned and with SIEVE_PIN_INTERPRETER: whether two servers side by side get in each
@@ -374,6 +374,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", type=Path, help=f"a SciFact index (default {PREBUILT} if built, else built here)")
     parser.add_argument("--baseline-tree", type=Path, help="a checkout of main (its own code and index format)")
+    parser.add_argument("--baseline-2w", action="store_true", help="zero_cost: main at 2 workers too (`main-2w`)")
     parser.add_argument("--sections", default="zero_cost,real", help="zero_cost, real, replicas "
                         "(two single-worker zero-cost servers side by side), comma-separated")
     parser.add_argument("--clients", type=int, default=16)
@@ -431,6 +432,8 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
 def sides_of(section_name: str, args) -> list[Side]:
     base = [Side("main", args.baseline_tree.resolve(), 1 if section_name == "zero_cost" else None,
                  section_name == "zero_cost")] if args.baseline_tree else []
+    if args.baseline_tree and section_name == "zero_cost" and args.baseline_2w:
+        base.append(Side("main-2w", args.baseline_tree.resolve(), 2, True))
     pin, interp = {"SIEVE_PIN_WORKERS": "true"}, {"SIEVE_PIN_INTERPRETER": "true"}
     if section_name == "zero_cost":
         pinned = [Side("this-1w-pinned", REPO, 1, True, pin), Side("this-2w-pinned", REPO, 2, True, pin)] \
@@ -522,7 +525,7 @@ def verdict(sections: dict) -> dict:
         out["two_workers_qps_ratio"] = round(zero["this-2w"]["qps_pooled"] / zero["this-1w"]["qps_pooled"], 2)
     for one, two in (("this-1w-unpinned", "this-2w-unpinned"), ("this-1w", "this-2w-interp"),
                      ("this-1w-unpinned", "this-1w"), ("this-2w-shared", "this-2w"),
-                     ("this-2w-interp-shared", "this-2w-interp")):
+                     ("this-2w-interp-shared", "this-2w-interp"), ("main", "main-2w"), ("main-2w", "this-2w")):
         if one in zero and two in zero:
             out[f"qps_ratio {two} / {one}"] = round(zero[two]["qps_pooled"] / zero[one]["qps_pooled"], 2)
     if "this-1w" in zero and "this-2w-pinned" in zero:

@@ -52,3 +52,17 @@ def test_a_variant_is_one_more_single_worker_side_with_its_own_settings():
     for wrong in ("serial", "serial:", "serial:TOKENIZERS_PARALLELISM", ":A=1"):
         with pytest.raises(SystemExit):
             parse_args(["--variant", wrong])
+
+
+def test_main_at_two_workers_is_a_side_of_its_own_only_when_asked(tmp_path):
+    from benchmarks.overhead import parse_args, sides_of
+
+    asked = {side.name: side for side in sides_of("zero_cost", parse_args(["--baseline-tree", str(tmp_path),
+                                                                           "--baseline-2w"]))}
+    assert (asked["main-2w"].workers, asked["main-2w"].zero_cost, asked["main"].workers) == (2, True, 1)
+    assert asked["main-2w"].tree == tmp_path.resolve()
+    assert "main-2w" not in {side.name for side in sides_of("zero_cost", parse_args(["--baseline-tree", str(tmp_path)]))}
+    summary = {side: {"server_cpu_ms_median": 1.0, "qps_pooled": qps}
+               for side, qps in (("this-1w", 100.0), ("this-2w", 150.0), ("main", 100.0), ("main-2w", 180.0))}
+    got = verdict({"zero_cost": {"rows": [], "summary": summary}})
+    assert got["qps_ratio main-2w / main"] == 1.8 and got["qps_ratio this-2w / main-2w"] == 0.83
