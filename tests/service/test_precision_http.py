@@ -3,8 +3,12 @@ default; the cross-encoder compiled by OpenVINO where the CPU has native bf16), 
 (what the rest of the suite runs); the lowered server answers /search and /rerank."""
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 
+from sieve.index import SearchIndex
 from sieve.models.precision import MIN_SPEARMAN, int8_kernels, native_bf16
 from tests.server import Server
 
@@ -14,8 +18,16 @@ def expected(int8: bool = True) -> str:
 
 
 @pytest.fixture(scope="module")
-def auto_server(demo_index, tmp_path_factory):
-    srv = Server({"SIEVE_INDEX_DIR": str(demo_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc",
+def auto_index(demo_index, tmp_path_factory):
+    """A copy of the demo index: a test writes to it."""
+    copy = tmp_path_factory.mktemp("auto-precision") / "index"
+    shutil.copytree(demo_index, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def auto_server(auto_index, tmp_path_factory):
+    srv = Server({"SIEVE_INDEX_DIR": str(auto_index), "SIEVE_PRECISION": "auto", "SIEVE_CMC_PATH": "shipped:cmc",
                   "SIEVE_CROSS_ENCODER_ENABLED": "true"},  # the shipped (gated) cross-encoder
                  tmp_path_factory.mktemp("logs") / "auto-server.log")
     yield srv
@@ -42,6 +54,24 @@ def test_auto_reports_what_this_cpu_runs_and_serves(auto_server):
     assert len(scores) == 5 and scores == sorted(scores, reverse=True)
     assert reranked.status_code == 200, reranked.text
     assert [r["index"] % 2 for r in reranked.json()["results"]] == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_live_write_is_encoded_by_the_lowered_document_tower(auto_server, auto_index, biencoder):
+    doc = {"id": "kombucha-1", "title": "Kombucha", "text": "Kombucha is tea fermented by a culture of yeast and bacteria."}
+    with auto_server.client() as client:
+        documents = client.get("/readyz").json()["precision"]["bi_encoder_documents"]
+        assert client.post("/documents", json={"documents": [doc]}).status_code == 200
+        found = client.post("/search", json={"query": "tea fermented by yeast and bacteria", "top_k": 1},
+                            headers={"Cache-Control": "no-cache"}).json()["results"]
+    assert found[0]["id"] == doc["id"]
+    with SearchIndex.load(auto_index) as index:
+        stored = index.embeddings(index.rows_for_ids([doc["id"]]))[0]
+    fp32 = biencoder.encode_documents([f"{doc['title']} {doc['text']}"], progress=False)[0]
+    assert float(stored @ fp32) / float(np.linalg.norm(stored) * np.linalg.norm(fp32)) > 0.999
+    if documents["dtype"] == "fp32":
+        np.testing.assert_allclose(stored, fp32, atol=1e-5)
+    else:  # written by the lowered tower, not by an fp32 one
+        assert documents["dtype"] == "bf16" and not np.allclose(stored, fp32, atol=1e-5), documents
 
 
 def test_fp32_setting_runs_every_stage_in_fp32(client):
