@@ -39,7 +39,7 @@ class TextEncoder:
                  lengths: EncoderLengths = EncoderLengths(), device: torch.device = torch.device("cpu"),
                  batch_size: int = 32):
         self.module = module.to(device).eval()
-        # encodes queries; start-up may swap in a lower-precision copy (models/precision_stages.py), documents stay fp32
+        # encodes queries; start-up may swap in a lower-precision copy (models/precision_stages.py)
         self.query_module = self.module
         # encodes documents (index build, live writes); start-up may swap in a lower-precision copy that passed its
         # guard (precision_stages.lower_document_tower); doc_precision names it, and is part of the embedding cache key
