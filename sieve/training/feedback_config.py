@@ -29,8 +29,8 @@ class LearnConfig:
     guard_propensities: str = "position"  # the click weights of the held-out guard's estimate
     # the candidates the click memory's estimates rank: "all", or "shown" (those some logged answer of the list's query
     # showed: a document no answer showed has no click to count for or against it); selection and guard apart; the
-    # guard's "both": judged on "shown", and refused too where the estimate over "all" is below the served ranking on
-    # average (memory_learn.charged_below; RESULTS.md, twenty-ninth session)
+    # guard's "both": judged on "shown", and refused too where the estimate over "all" is clearly below the served
+    # ranking, its interval wholly under 0 (memory_learn.charged_below; RESULTS.md, twenty-ninth and fortieth sessions)
     support: str = "all"
     guard_support: str = "both"
     # the click memory's per-document (popularity) term only for a query the memory knows: remembered itself, or with a

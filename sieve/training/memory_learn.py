@@ -15,8 +15,8 @@ showed could not have been clicked, so a memory that promotes it is neither char
 default "all" charges it, which favours small weights (RESULTS.md, twenty-first session: "shown" gained on the
 queries that have train queries about their documents and cost the others); the guard likewise with
 `cfg.guard_support`, or with "both" (the default) on the shown support, the memory refused all the same where the
-estimate over every candidate, which charges each such promotion, is below the served ranking on average
-(`charged_below`; RESULTS.md, twenty-ninth session). With `cfg.doc_gate` the per-document term speaks only for a query
+estimate over every candidate, which charges each such promotion, puts it clearly below the served ranking (its
+95% interval wholly under 0: `charged_below`; RESULTS.md, twenty-ninth and fortieth sessions). With `cfg.doc_gate` the per-document term speaks only for a query
 the memory knows (remembered, or a remembered query at cosine >= doc_gate: ClickMemory.doc_gate), which spares queries
 about topics no user clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's
 and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
@@ -350,18 +350,23 @@ def memory_verdict(guard: dict, cfg) -> str | None:
 
 def charged_below(guard: dict) -> str | None:
     """With `cfg.guard_support` "both": why the memory must not be published although it passed on the shown support
-    (None: nothing against it): on average below the served ranking when the estimate ranks every candidate, so that
-    each promotion of a document no held-out answer of its query showed is charged (as if it were not relevant)."""
+    (None: nothing against it): clearly below the served ranking (the 95% interval's upper bound under 0) when the
+    estimate ranks every candidate, so that each promotion of a document no held-out answer of its query showed is
+    charged (as if it were not relevant). A point estimate under 0 with an interval across it is level, not below:
+    over the 39 judged simulation logs in benchmarks/results whose shown-support interval cleared 0, the point rule
+    refused one memory (NFCorpus, fortieth session, seed 40: doubly robust -0.0003 [-0.0097, +0.0079]), which gives
+    +0.0157 [+0.0071, +0.0247] on NFCorpus dev when forced; the harmful memories forced onto a dev log in the
+    twenty-ninth session were clearly below (upper bounds -0.08 to -0.94), and so is the adversarial-clicks test's."""
     charged = guard.get("charged")
-    if charged is None or charged["delta"] >= 0:
+    if charged is None or charged["interval"][1] >= 0:
         return None
     if charged.get("estimate") == "dr":
         return (f"below the served ranking on held-out feedback over every candidate, each promotion of a document no "
                 f"answer of its query showed credited with what documents like it were clicked for (doubly robust): "
-                f"difference {charged['delta']} with 95% interval {charged['interval']} (it must not be below 0)")
+                f"difference {charged['delta']} with 95% interval {charged['interval']} (it must not be wholly below 0)")
     return (f"below the served ranking on held-out feedback once every promotion of a document no answer of its "
             f"query showed is charged: IPS-DCG difference {charged['delta']} with 95% interval {charged['interval']} "
-            f"(it must not be below 0)")
+            f"(it must not be wholly below 0)")
 
 
 def selection_folds(cfg, parts: dict, entries: list[Entry], held_from, val_from,

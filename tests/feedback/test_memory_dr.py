@@ -152,6 +152,7 @@ def test_the_guard_refuses_what_the_doubly_robust_estimate_puts_below_the_served
     passed = {"heldout_answers": 400, "delta": 0.018, "interval": [0.010, 0.025]}
     level = {"heldout_answers": 400, "delta": 0.0, "interval": [-0.01, 0.01], "estimate": "dr"}
     assert memory_verdict({**passed, "charged": level}, cfg) is None
+    assert memory_verdict({**passed, "charged": {**level, "delta": -0.0003, "interval": [-0.0097, 0.0079]}}, cfg) is None
     refused = memory_verdict({**passed, "charged": {**level, "delta": -0.02, "interval": [-0.03, -0.01]}}, cfg)
     assert "doubly robust" in refused and "-0.02" in refused
 

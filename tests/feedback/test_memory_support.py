@@ -45,8 +45,8 @@ def test_promoting_an_unshown_document_costs_only_without_the_support():
 
 def test_the_both_guard_refuses_what_the_charged_estimate_puts_below_the_served_ranking():
     """guard_support "both" (the default): a memory that clears 0 on the shown support is refused all the same when
-    the estimate over every candidate, which charges each promotion of a document no answer showed, is below the
-    served ranking on average; level or above, it passes."""
+    the estimate over every candidate, which charges each promotion of a document no answer showed, puts it clearly
+    below the served ranking (its interval wholly under 0); level (an interval across 0) or above, it passes."""
     from sieve.training.feedback_config import LearnConfig
     from sieve.training.memory_learn import memory_verdict
 
@@ -61,5 +61,8 @@ def test_the_both_guard_refuses_what_the_charged_estimate_puts_below_the_served_
     assert "once every promotion of a document no answer of its query showed is charged" in refused
     update = {**passed, "vs_no_memory": {"heldout_answers": 400, "delta": 0.03, "interval": [0.02, 0.04]}}
     assert memory_verdict(update, cfg) is None
-    assert "is charged" in memory_verdict({**update, "charged": {"heldout_answers": 400, "delta": -0.001,
-                                                                  "interval": [-0.01, 0.008]}}, cfg)
+    assert "is charged" in memory_verdict({**update, "charged": {"heldout_answers": 400, "delta": -0.011,
+                                                                  "interval": [-0.02, -0.002]}}, cfg)
+    # level: a point under 0 with an interval across it (the fortieth session's seed 40 log) is not below
+    assert memory_verdict({**update, "charged": {"heldout_answers": 400, "delta": -0.001,
+                                                  "interval": [-0.01, 0.008]}}, cfg) is None
