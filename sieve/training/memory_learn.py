@@ -356,7 +356,8 @@ def charged_below(guard: dict) -> str | None:
     over the 39 judged simulation logs in benchmarks/results whose shown-support interval cleared 0, the point rule
     refused one memory (NFCorpus, fortieth session, seed 40: doubly robust -0.0003 [-0.0097, +0.0079]), which gives
     +0.0157 [+0.0071, +0.0247] on NFCorpus dev when forced; the harmful memories forced onto a dev log in the
-    twenty-ninth session were clearly below (upper bounds -0.08 to -0.94), and so is the adversarial-clicks test's."""
+    twenty-ninth session were clearly below (upper bounds -0.08 to -0.94 in that session's IPS estimate), and so is the
+    adversarial-clicks test's."""
     charged = guard.get("charged")
     if charged is None or charged["interval"][1] >= 0:
         return None
