@@ -82,7 +82,7 @@ def register(sub) -> None:
     learn.add_argument("--guard-support", choices=["both", "shown", "all"], default=d.guard_support,
                        help="the same for the click memory's held-out guard; both: judged on the shown support and "
                             "refused all the same where the estimate over all candidates is clearly below the "
-                            "served ranking (its 95% interval wholly under 0)")
+                            "served ranking (its 95%% interval wholly under 0)")
     learn.add_argument("--doc-gate", type=cosine_or_off, default=d.doc_gate, metavar="COSINE|off",
                        help="the click memory's per-document term only for queries it knows: remembered, or with a "
                             "remembered query at this cosine or more (spares queries about topics no user clicked on); "
