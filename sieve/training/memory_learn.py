@@ -18,8 +18,8 @@ queries that have train queries about their documents and cost the others); the 
 estimate over every candidate, which charges each such promotion, puts it clearly below the served ranking (its
 95% interval wholly under 0: `charged_below`; RESULTS.md, twenty-ninth and fortieth sessions). With `cfg.doc_gate`
 the per-document term speaks only for a query the memory knows (remembered, or a remembered query at cosine >=
-doc_gate: ClickMemory.doc_gate), which spares queries about topics no user clicked on (RESULTS.md, twenty-second session). With `cfg.noise` "estimated" the selection's
-and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
+doc_gate: ClickMemory.doc_gate), which spares queries about topics no user clicked on (RESULTS.md, twenty-second
+session). With `cfg.noise` "estimated" the selection's and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
 rate b fitted to the counted pairs; b x the credit noise alone would give each document a judged query's answers
 showed is taken off it), so keeping a shown non-relevant document earns nothing over promoting one no answer showed.
 With `cfg.estimate` "dr" (the default) the selection's estimate, and the guard's over every candidate ("both"), are
