@@ -17,15 +17,15 @@ queries that have train queries about their documents and cost the others); the 
 `cfg.guard_support`, or with "both" (the default) on the shown support, the memory refused all the same where the
 estimate over every candidate, which charges each such promotion, puts it clearly below the served ranking (its
 95% interval wholly under 0: `charged_below`; RESULTS.md, twenty-ninth and fortieth sessions). With `cfg.doc_gate`
-the per-document term speaks only for a query the memory knows (remembered, or a remembered query at cosine >=
-doc_gate: ClickMemory.doc_gate), which spares queries about topics no user clicked on (RESULTS.md, twenty-second
-session). With `cfg.noise` "estimated" the selection's and the guard's estimates are affine-corrected for clicks on non-relevant results (sieve/feedback/noise.py: the noise
-rate b fitted to the counted pairs; b x the credit noise alone would give each document a judged query's answers
-showed is taken off it), so keeping a shown non-relevant document earns nothing over promoting one no answer showed.
-With `cfg.estimate` "dr" (the default) the selection's estimate, and the guard's over every candidate ("both"), are
-doubly robust (memory_dr.py): a promoted candidate no answer of its query showed is credited with a direct-method
-estimate of its clicks per examination, fitted on the judged queries' shown candidates, instead of only charged for
-what it pushes down.
+the per-document term speaks only for a query the memory knows (remembered, or a remembered query at cosine >= doc_gate:
+ClickMemory.doc_gate), which spares queries about topics no user clicked on (RESULTS.md, twenty-second session). With
+`cfg.noise` "estimated" the selection's and the guard's estimates are affine-corrected for clicks on non-relevant
+results (sieve/feedback/noise.py: the noise rate b fitted to the counted pairs; b x the credit noise alone would give
+each document a judged query's answers showed is taken off it), so keeping a shown non-relevant document earns nothing
+over promoting one no answer showed. With `cfg.estimate` "dr" (the default) the selection's estimate, and the guard's
+over every candidate ("both"), are doubly robust (memory_dr.py): a promoted candidate no answer of its query showed is
+credited with a direct-method estimate of its clicks per examination, fitted on the judged queries' shown candidates,
+instead of only charged for what it pushes down.
 Split by query, every answer that is not held out validates: the queries are cut into `memory_folds` folds, each judged
 with the memory counted from the others (`selection_folds`). The memory counted from fit + validation answers with those
 weights is then judged on the held-out answers (clicks weighted by `cfg.guard_propensities`, 1 / p(rank shown) by
