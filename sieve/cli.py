@@ -163,13 +163,16 @@ def qdrant_encoded(index, docs, found: dict) -> dict:
 
 
 def encoders(settings: Settings, cmc_checkpoint: Path | None, mix_checkpoint: Path | None = None,
-             ce_tokens: bool = False) -> dict:
+             ce_tokens: bool = False, documents: bool = True) -> dict:
+    """The document encoders of an index's stores; `documents`: the bi-encoder will encode documents here, so its
+    document tower is lowered first (SIEVE_DOC_PRECISION: a guard run of about a second on a CPU)."""
     from sieve.models.cmc_checkpoint import load_cmc
     from sieve.models.device import pick_device
     from sieve.service.components import load_biencoder, lower_documents
 
     biencoder = load_biencoder(settings, pick_device(settings.device))
-    lower_documents(settings, biencoder)
+    if documents:
+        lower_documents(settings, biencoder)
     found = {"primary": biencoder}
     if cmc_checkpoint:
         bundle = load_cmc(cmc_checkpoint, biencoder)
@@ -264,8 +267,8 @@ def cmd_add(args, settings: Settings) -> None:
 def cmd_add_store(args, settings: Settings) -> None:
     from sieve.index import add_store
 
-    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint, args.ce_tokens).items()
-              if k != "primary"}
+    stores = {k: v for k, v in encoders(settings, args.cmc_checkpoint, args.mix_checkpoint, args.ce_tokens,
+                                        documents=False).items() if k != "primary"}
     if not stores:
         raise SystemExit("sieve index add-store: give --cmc-checkpoint, --mix-checkpoint and/or --ce-tokens")
     for name, encoder in stores.items():
@@ -369,7 +372,7 @@ def cmd_demo(args, settings: Settings) -> None:
 
     check_port(settings)
     docs = read_beir_corpus(args.corpus)
-    found = encoders(settings, None)["primary"]
+    found = encoders(settings, None, documents=False)["primary"]
     try:
         live = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=found.weights_hash, dim=found.dim)
         stale = live.manifest.corpus_hash != corpus_hash(docs) or live.has_lexical != settings.lexical_enabled
@@ -378,6 +381,9 @@ def cmd_demo(args, settings: Settings) -> None:
         stale = True
     if stale:
         print(f"building the demo index at {settings.index_dir} from {args.corpus} ({len(docs)} documents)", file=sys.stderr)
+        from sieve.service.components import lower_documents
+
+        lower_documents(settings, found)
         build_index(docs, found, settings.index_dir, cache_dir=settings.cache_dir, lexical=settings.lexical_config())
     run_server(settings)
 

@@ -99,13 +99,14 @@ def document_probe(encoder: TextEncoder) -> Probe:
     """Inner products of fp32 probe query vectors with the probe documents, encoded by the module (at the encoder's
     document length and batch size, as an index build encodes them). The query vectors are encoded on the first
     call: with SIEVE_PRECISION=fp32 there is none."""
-    queries: list[np.ndarray] = []
     docs = list(probe_texts()[1][:N_PROBE_DOCS])
 
+    @lru_cache(maxsize=1)
+    def queries() -> np.ndarray:
+        return encoder.encode(list(probe_texts()[0]), encoder.lengths.query_max_length)  # (P, d) fp32
+
     def probe(module: nn.Module) -> np.ndarray:
-        if not queries:
-            queries.append(encoder.encode(list(probe_texts()[0]), encoder.lengths.query_max_length))  # (P, d) fp32
-        return queries[0] @ encoder.encode(docs, encoder.lengths.doc_max_length, module=module).T  # (P, N)
+        return queries() @ encoder.encode(docs, encoder.lengths.doc_max_length, module=module).T  # (P, N)
 
     return probe
 
