@@ -514,11 +514,10 @@ def build_section(run: Run, args) -> None:
     done = subprocess.run([sieve_bin(), "index", "build", "--corpus", str(corpus), "--out",
                            str(args.index)], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    reply = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    reply = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1:] or [{}]
     run.data["build"] = {"documents": docs, "seconds_with_start_up": round(seconds, 1),
                          "docs_per_s": round(docs / seconds, 1), "exit": done.returncode,
-                         "parts_s": json.loads(reply[-1]).get("seconds") if reply else None,
-                         "document_precision": json.loads(reply[-1]).get("document_precision") if reply else None,
+                         "parts_s": reply[0].get("seconds"), "document_precision": reply[0].get("document_precision"),
                          "log_tail": done.stderr[-1500:]}
     run.save()
     if done.returncode != 0:
