@@ -6,9 +6,9 @@ One thread calls a fixed piece of work again and again, sleeping `gap` milliseco
 own CPU time (time.thread_time) around the call only, so the sleep is never counted. Two kinds of work, each what a
 /search spends its CPU on outside the model forwards:
 
-- `dense`: the flat vector search's kernel, a (4, 384) x (384, 5,183) product and the top 512 of each row
-  (numpy's argpartition): SciFact's shape, random vectors; numpy's BLAS on one thread, as the server runs it
-  (service/components.py single_threaded_blas);
+- `dense`: the flat vector search's work, a (4, 384) x (384, 5,183) product and the top 512 of each row (numpy's
+  argpartition): SciFact's shape, random vectors; the product is numpy's with its BLAS on one thread (the server's
+  own is torch's, index/device_flat.py);
 - `python`: interpreter work, a response-shaped dict of 100 hits built and serialised with json.
 
 The gaps run in interleaved rounds (order reversed every other round); the table gives each gap's median CPU per call
