@@ -37,7 +37,9 @@ def flat_backend(device: str, faiss_gpu: bool) -> str:
 class DeviceFlat:
     """The (rows, d) vectors of one flat segment resident on `device`; search() = exact inner-product top-k."""
 
-    def __init__(self, vectors, device: str, faiss_gpu: bool = False):
+    def __init__(self, vectors, device: str, faiss_gpu: bool = False, cpu_dtype: str = "fp32"):
+        """`cpu_dtype` 'bf16': on the CPU, search a bfloat16 copy of the vectors (CPUs with native bf16 products:
+        service/runtime.py `flat_search_dtype`) instead of the float32 memory map."""
         self.device = device
         self.backend = flat_backend(device, faiss_gpu)
         self.rows, self.dim = int(vectors.shape[0]), int(vectors.shape[1])
@@ -45,9 +47,18 @@ class DeviceFlat:
         if self.backend == "faiss-gpu":
             self.index = _faiss_gpu_flat(vectors, device)
             self.vectors = None
+            self.dtype = "fp32"
         else:
             self.index = None
-            self.vectors = _to_device(vectors, device)  # (N, d)
+            bf16 = device == "cpu" and cpu_dtype == "bf16"
+            self.vectors = _to_device(vectors, device, bf16)  # (N, d)
+            self.dtype = "fp16" if device.startswith("cuda") else ("bf16" if bf16 else "fp32")
+
+    @property
+    def takes_single_queries(self) -> bool:
+        """Whether one query alone is searched here too: on a GPU, and on a bf16 copy (a query's ranking is then
+        the same whatever it was batched with); one query over the CPU's float32 map goes to FAISS's own kernel."""
+        return self.device != "cpu" or self.dtype == "bf16"
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (B, k) float32, rows (B, k) int64), best first; k is at most the segment's rows."""
@@ -69,7 +80,8 @@ class DeviceFlat:
             for start in range(0, len(q), _QUERY_CHUNK):
                 part = torch.from_numpy(np.ascontiguousarray(q[start:start + _QUERY_CHUNK], dtype=np.float32))
                 scores = part.to(self.vectors.device, self.vectors.dtype) @ self.vectors.T  # (b, N)
-                if scores.device.type == "cpu":  # numpy's partition then a sort of the k: 0.4-0.6x torch.topk's CPU
+                if scores.device.type == "cpu":
+                    scores = scores.float()  # a bf16 copy's scores (no copy for float32)  # numpy's partition then a sort of the k: 0.4-0.6x torch.topk's CPU
                     top_s, top_r = top_k(scores.numpy(), k)  # per query from 4 queries (RESULTS.md, issue 32, s14)
                     if keep:
                         kept.append(scores.numpy())
@@ -95,15 +107,15 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return -np.take_along_axis(worse, order, axis=1), np.take_along_axis(part, order, axis=1)
 
 
-def _to_device(vectors, device: str):
+def _to_device(vectors, device: str, bf16: bool = False):
     import torch
 
-    if device == "cpu" and isinstance(vectors, np.ndarray) and vectors.dtype == np.float32 \
+    if device == "cpu" and not bf16 and isinstance(vectors, np.ndarray) and vectors.dtype == np.float32 \
             and vectors.flags.c_contiguous:
         with warnings.catch_warnings():  # a read-only memory map: torch warns that writes would be undefined; none are made
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(vectors)  # (N, d) over the same memory: no copy
-    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    dtype = torch.float16 if device.startswith("cuda") else (torch.bfloat16 if bf16 else torch.float32)
     out = torch.empty((int(vectors.shape[0]), int(vectors.shape[1])), dtype=dtype, device=device)
     start = 0
     for block in row_chunks(vectors):  # block by block: a memory-mapped segment is never read whole into RAM

@@ -96,10 +96,12 @@ class SearchIndex:
     @classmethod
     def load(cls, index_dir: str | Path, *, model_name: str | None = None,
              model_hash: str | None = None, dim: int | None = None, use_gpu: bool = False,
-             nprobe: int = 16, ef_search: int = 128, flat_device: str | None = None) -> "SearchIndex":
+             nprobe: int = 16, ef_search: int = 128, flat_device: str | None = None,
+             flat_cpu_dtype: str = "fp32") -> "SearchIndex":
         """Open the live version; checks the model identity for each field given. Segments this process already
         has open (an earlier version lists them too) are shared, not opened again. `flat_device`: a torch device
-        ('cuda', 'cpu') whose memory holds every flat segment's vectors for exact search there (index/device_flat.py)."""
+        ('cuda', 'cpu') whose memory holds every flat segment's vectors for exact search there (index/device_flat.py);
+        `flat_cpu_dtype` 'bf16': on the CPU, a bfloat16 copy of them."""
         index_dir = Path(index_dir)
         if nprobe < 1 or ef_search < 1:
             raise ValueError(f"nprobe and ef_search must be >= 1, got {nprobe}, {ef_search}")
@@ -110,7 +112,7 @@ class SearchIndex:
         for attempt in range(_LOAD_ATTEMPTS):
             vdir = current_version_dir(index_dir)
             try:
-                knobs = SearchKnobs(use_gpu, nprobe, ef_search, flat_device)
+                knobs = SearchKnobs(use_gpu, nprobe, ef_search, flat_device, flat_cpu_dtype)
                 return cls(index_dir, _open_parts(vdir, check, knobs))
             except Exception:
                 # A writer may have pruned this version after we read CURRENT: retry
@@ -158,14 +160,14 @@ class SearchIndex:
 
     def search_scored(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """search(), and every row's score ((B, size) float32) where the search computed them all anyway: one flat
-        segment, nothing deleted, at most SCORED_MAX_ROWS rows, 2 or more queries searched on the CPU by torch's
-        matrix product (index/device_flat.py; Intel and AMD Zen 3 and later CPUs, service/runtime.py). Else None,
-        with search()'s top k. The first stage then reads its candidates' inner products there instead of their
-        vectors."""
+        segment, nothing deleted, at most SCORED_MAX_ROWS rows, searched on the CPU by torch's matrix product (2 or
+        more queries over the float32 map, any number over a bf16 copy: index/device_flat.py; Intel and AMD Zen 3
+        and later CPUs, service/runtime.py). Else None, with search()'s top k. The first stage then reads its
+        candidates' inner products there instead of their vectors."""
         q, k = self._checked_queries(queries, k)
         flat = self._p.segments[0].device_flat if len(self._p.segments) == 1 else None
-        if flat is None or flat.device != "cpu" or len(q) < 2 or self._p.live_to_phys is not None \
-                or self.size > SCORED_MAX_ROWS:
+        if flat is None or flat.device != "cpu" or (len(q) < 2 and not flat.takes_single_queries) \
+                or self._p.live_to_phys is not None or self.size > SCORED_MAX_ROWS:
             scores, rows = self.search(q, k)
             return scores, rows, None
         return flat.search_scored(q, k, keep=True)  # the rows search() takes from the same product (tested)

@@ -121,6 +121,7 @@ class SearchKnobs:
     nprobe: int = 16
     ef_search: int = 128
     flat_device: str | None = None  # exact search of flat segments on this torch device (index/device_flat.py)
+    flat_cpu_dtype: str = "fp32"  # 'bf16': on the CPU, a bfloat16 copy of flat segments' vectors is searched
 
 
 class Segment:
@@ -140,9 +141,11 @@ class Segment:
             self.faiss = self._read_faiss(path / FAISS_FILE, knobs)
         self.device_flat = None
         if self.ann == "flat" and knobs.flat_device and not isinstance(self.embeddings, FaissRows) \
-                and (knobs.flat_device != "cpu" or self.embeddings.dtype == np.float32):
-            # on the CPU only a float32 map, searched where it lies; a float16 one would need a float32 copy in RAM
-            self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu)
+                and (knobs.flat_device != "cpu" or knobs.flat_cpu_dtype == "bf16"
+                     or self.embeddings.dtype == np.float32):
+            # on the CPU a float32 map, searched where it lies, or a bf16 copy; a float16 map would need a float32
+            # copy in RAM
+            self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu, knobs.flat_cpu_dtype)
         self.lexical = LexicalSegment(path, self.rows) if m.lexical else None
         self.conn = connect_readonly(path / DOCS_FILE)
         try:
@@ -174,9 +177,9 @@ class Segment:
         return _keep_alive(scores, rows, alive, k)
 
     def _search_exact(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.device_flat is not None and (len(q) > 1 or self.device_flat.device != "cpu"):
-            # the vectors on the serving device: one matmul + top-k there (on the CPU from 2 queries: one query alone
-            # costs torch 1.1x FAISS's own kernel, a batch 0.5-0.75x; benchmarks/dense_batch.py)
+        if self.device_flat is not None and (len(q) > 1 or self.device_flat.takes_single_queries):
+            # the vectors on the serving device: one matmul + top-k there (over the CPU's float32 map from 2 queries:
+            # one query alone costs torch 1.1x FAISS's own kernel, a batch 0.5-0.75x; benchmarks/dense_batch.py)
             return self.device_flat.search(q, k)
         if isinstance(self.embeddings, FaissRows):
             ivf = faiss.try_extract_index_ivf(self.embeddings.index)

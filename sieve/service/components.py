@@ -21,7 +21,7 @@ from sieve.pipeline.searcher import Searcher
 from sieve.service.config import Settings
 from sieve.service.gpu_runtime import apply_runtime, device_runtime
 from sieve.service.limits import Limits, device_limits
-from sieve.service.runtime import load_index, searcher_options
+from sieve.service.runtime import flat_device, flat_search_precision, load_index, searcher_options
 
 log = logging.getLogger("sieve")
 
@@ -139,6 +139,8 @@ def load_components(settings: Settings) -> Components:
     log.info("loaded %s (%d docs, version %d) on %s; stages with models: %s", served_name(settings), index.size,
              index.version, device, ", ".join(models) or "none")
     precision = lower_precision(settings, biencoder, models)  # after every load: annCUR keeps its fp32 cross-encoder
+    if not settings.on_qdrant:
+        precision["vector_search"] = flat_search_precision(settings, flat_device(settings, device)).as_dict()
     apply_runtime(device_runtime(settings, device), device, biencoder, models.get("cmc"))  # buckets, streams, graphs
     limits = device_limits(settings, device, biencoder)  # the cross-encoder's passes follow the device too
     searcher = Searcher(biencoder, index, models=models, **searcher_options(settings, limits.ce_batch_tokens))

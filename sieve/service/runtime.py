@@ -3,7 +3,7 @@ and deadline options, and opening the live index version with the same checks at
 from __future__ import annotations
 
 from sieve.index import SearchIndex
-from sieve.models.precision import cpu_field
+from sieve.models.precision import Choice, cpu_field, native_bf16
 from sieve.pipeline.batching import BatchConfig
 from sieve.pipeline.first_stage import HybridConfig
 from sieve.service.config import Settings
@@ -32,6 +32,22 @@ def flat_device(settings: Settings, device, vendor: str | None = None, family: i
     vendor = vendor if vendor is not None else cpu_field("vendor_id")
     family = family if family is not None else cpu_family()
     return "cpu" if torch_product_pays(vendor, family) else None
+
+
+def flat_search_precision(settings: Settings, where: str | None, bf16: bool | None = None) -> Choice:
+    """The number format of the flat (exact) vector search for `where` (flat_device's answer): on the CPU a bf16
+    copy of the vectors where the CPU multiplies bf16 natively (`bf16`: native_bf16() when None) and both
+    SIEVE_PRECISION and SIEVE_FLAT_SEARCH_PRECISION are auto, else the float32 map; fp16 on CUDA."""
+    if where is None:
+        return Choice("fp32", "FAISS's exact search (float32)")
+    if where != "cpu":
+        return Choice("fp16", "flat segments' vectors held on the GPU in fp16")
+    if "fp32" in (settings.precision, settings.flat_search_precision):
+        name = "SIEVE_PRECISION" if settings.precision == "fp32" else "SIEVE_FLAT_SEARCH_PRECISION"
+        return Choice("fp32", f"{name}=fp32")
+    if not (native_bf16() if bf16 is None else bf16):
+        return Choice("fp32", "no native bf16 products on this CPU (AVX-512 BF16 / AMX)")
+    return Choice("bf16", "a bf16 copy of flat segments' vectors: native bf16 products on this CPU")
 
 
 def torch_product_pays(vendor: str, family: int) -> bool:
@@ -63,10 +79,11 @@ def load_index(settings: Settings, biencoder, device, cmc=None) -> SearchIndex:
         from sieve.service.qdrant_service import open_qdrant
 
         return open_qdrant(settings, biencoder)
+    where = flat_device(settings, device)
     index = SearchIndex.load(settings.index_dir, model_name=settings.model_name, model_hash=biencoder.weights_hash,
                              dim=biencoder.dim, use_gpu=settings.faiss_gpu and device.type == "cuda",
-                             nprobe=settings.nprobe, ef_search=settings.ef_search,
-                             flat_device=flat_device(settings, device))
+                             nprobe=settings.nprobe, ef_search=settings.ef_search, flat_device=where,
+                             flat_cpu_dtype=flat_search_precision(settings, where).dtype)
     if cmc is not None and cmc.config.mode == "separate" and not index.has_store("cmc"):
         index.close()
         raise ValueError(f"CMC checkpoint {settings.cmc_path} is in separate mode but the index at "

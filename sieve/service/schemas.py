@@ -371,7 +371,7 @@ class Ready(Reply):
     remote_cross_encoder: RemoteCrossEncoderStatus | None = Field(
         None, description="The remote cross-encoder and its circuit breaker, when SIEVE_CE_URL is set; the server "
                           "stays ready while it is down (answers are then partial, skipping ce).")
-    precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, cmc, cmc_query, cross_encoder): the number format it runs in, chosen at start-up (SIEVE_PRECISION).")
+    precision: dict[str, StagePrecision] = Field(default_factory=dict, description="Per stage (bi_encoder_query, bi_encoder_documents, cmc, cmc_query, cross_encoder, vector_search: the exact search of flat index segments): the number format it runs in, chosen at start-up (SIEVE_PRECISION, SIEVE_DOC_PRECISION, SIEVE_FLAT_SEARCH_PRECISION).")
     cmc: CMCStatus | None = Field(None, description="The served CMC and where it came from (null when the CMC stage is off).")
     click_memory: ClickMemoryStatus | None = Field(None, description="The click memory `sieve feedback learn` published into the served index and this server adds to /search scores (null: none served, or SIEVE_CLICK_MEMORY_ENABLED is off).")
     workers: WorkersStatus | None = Field(None, description="The server's worker processes (docs/deployment.md).")

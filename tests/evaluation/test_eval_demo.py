@@ -43,7 +43,8 @@ def test_sieve_eval_in_process_writes_table_json_and_plots(demo_beir, demo_index
     assert "cmc" in cmc["stage_latency_ms"] and "cmc" not in be["stage_latency_ms"]
     assert doc["settings"]["eval"]["retrieve_k"] == 512 and doc["command"].startswith("sieve eval --data")
     precision = doc["settings"]["backend"]["precision"]  # what each stage ran in (the suite runs SIEVE_PRECISION=fp32)
-    assert set(precision) == {"bi_encoder_query", "bi_encoder_documents", "cmc"} and precision["cmc"]["runtime"] == "torch", precision
+    assert set(precision) == {"bi_encoder_query", "bi_encoder_documents", "cmc", "vector_search"}, precision
+    assert precision["cmc"]["runtime"] == "torch" and precision["vector_search"]["dtype"] == "fp32", precision
     assert (out / "eval_demo_recall.png").stat().st_size > 0 and (out / "eval_demo_quality_latency.png").is_file()
 
 

@@ -160,3 +160,62 @@ def test_top_k_is_torch_topk(k):
     np.testing.assert_array_equal(got_s, want.values.numpy())
     np.testing.assert_array_equal(got_c, want.indices.numpy())
     assert got_s.shape == got_c.shape == (5, k)
+
+
+def test_a_bf16_copy_ranks_as_float32_does_within_bf16s_resolution():
+    """DeviceFlat over a bfloat16 copy (CPUs with native bf16 products): every query's scores within bf16's
+    resolution of fp32's, nearly the same top k, half the memory; one query is searched there too."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3000, 64)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[rng.choice(3000, 40, replace=False)] + 0.3 * rng.standard_normal((40, 64)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    exact, bf16 = DeviceFlat(x, "cpu"), DeviceFlat(x, "cpu", cpu_dtype="bf16")
+    assert (exact.dtype, bf16.dtype) == ("fp32", "bf16") and bf16.takes_single_queries
+    assert not exact.takes_single_queries and bf16.nbytes() == 3000 * 64 * 2
+    (want_s, want_r), (got_s, got_r) = exact.search(q, 50), bf16.search(q, 50)
+    assert got_s.dtype == np.float32 and got_r.dtype == np.int64
+    assert np.abs(got_s - want_s).max() < 1e-2  # sorted lists: the k-th best score of each, whichever row holds it
+    np.testing.assert_array_equal(got_r[:, 0], want_r[:, 0])  # each query's own document first (the others: far)
+    overlap = np.mean([len(set(a) & set(b)) / 50 for a, b in zip(got_r, want_r)])
+    assert overlap > 0.9, overlap
+    full = q @ x.T
+    np.testing.assert_allclose(np.take_along_axis(full, got_r, axis=1), got_s, atol=1e-2)
+    one = bf16.search(q[3:4], 50)  # one query alone: its batch's rows
+    np.testing.assert_array_equal(one[1][0, :10], got_r[3, :10])
+
+
+def test_an_index_with_a_bf16_copy_searches_every_batch_size_there(tmp_path, encoder):
+    """flat_cpu_dtype='bf16': the copy is made for float32 and float16 maps alike, one query goes through it (its
+    every-row scores kept, as for a batch), and the ranking a query gets does not depend on its batch."""
+    docs = make_docs(120)
+    build_index(docs, encoder, tmp_path / "f32", progress=False, lexical=PLAIN, faiss_kind="flat")
+    build_index(docs, encoder, tmp_path / "f16", progress=False, lexical=PLAIN, faiss_kind="flat", dtype="float16")
+    queries = encoder.encode_queries([d.full_text for d in docs[::13]])  # (10, d)
+    for path in (tmp_path / "f32", tmp_path / "f16"):
+        with SearchIndex.load(path, flat_device="cpu", flat_cpu_dtype="bf16") as index, SearchIndex.load(path) as plain:
+            assert index._p.segments[0].device_flat.dtype == "bf16"
+            scores, rows, every = index.search_scored(queries, 15)
+            assert every.shape == (len(queries), index.size)
+            np.testing.assert_array_equal(np.take_along_axis(every, rows, axis=1), scores)
+            one = index.search_scored(queries[4:5], 15)
+            assert one[2] is not None and one[1][0, :5].tolist() == rows[4, :5].tolist()
+            np.testing.assert_array_equal(index.search(queries[4:5], 15)[1], one[1])
+            want = plain.search(queries, 15)
+            np.testing.assert_array_equal(rows[:, 0], want[1][:, 0])  # each document's own text finds it first
+            np.testing.assert_allclose(scores, want[0], atol=1e-2)
+
+
+def test_the_flat_search_runs_bf16_only_where_the_cpu_multiplies_bf16_and_nothing_asks_for_fp32():
+    from sieve.service.config import Settings
+    from sieve.service.runtime import flat_search_precision
+
+    auto = Settings(precision="auto", flat_search_precision="auto")  # the suite's environment sets fp32
+    assert flat_search_precision(auto, "cpu", bf16=True).dtype == "bf16"
+    assert flat_search_precision(auto, "cpu", bf16=False).dtype == "fp32"
+    assert flat_search_precision(Settings(precision="fp32"), "cpu", bf16=True).as_dict()["reason"] == \
+        "SIEVE_PRECISION=fp32"
+    assert flat_search_precision(Settings(precision="auto", flat_search_precision="fp32"), "cpu",
+                                 bf16=True).reason == "SIEVE_FLAT_SEARCH_PRECISION=fp32"
+    assert flat_search_precision(auto, None, bf16=True).dtype == "fp32"  # FAISS's exact search
+    assert flat_search_precision(auto, "cuda", bf16=True).dtype == "fp16"

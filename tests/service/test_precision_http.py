@@ -7,9 +7,12 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from sieve.index import SearchIndex
 from sieve.models.precision import MIN_SPEARMAN, int8_kernels, native_bf16
+from sieve.service.config import Settings
+from sieve.service.runtime import flat_device
 from tests.server import Server
 
 
@@ -43,6 +46,8 @@ def test_auto_reports_what_this_cpu_runs_and_serves(auto_server):
         # the cross-encoder: compiled by OpenVINO where the CPU has native bf16 (SIEVE_CE_RUNTIME=auto), else torch
         assert (precision["cross_encoder"]["dtype"], precision["cross_encoder"]["runtime"]) == (
             ("bf16", "openvino") if native_bf16() else ("fp32", "torch")), precision
+        on_torch = flat_device(Settings(), torch.device("cpu")) == "cpu"  # torch's flat search on this CPU kind
+        assert precision["vector_search"]["dtype"] == ("bf16" if on_torch and native_bf16() else "fp32"), precision
         for stage in precision.values():
             assert stage["spearman"] is None or stage["spearman"] >= MIN_SPEARMAN, precision
         body = client.post("/search", json={"query": "how do stars die", "rerank": "cmc", "top_k": 5}).json()
@@ -76,6 +81,8 @@ def test_a_live_write_is_encoded_by_the_lowered_document_tower(auto_server, auto
 
 def test_fp32_setting_runs_every_stage_in_fp32(client):
     precision = client.get("/readyz").json()["precision"]
-    assert set(precision) == {"bi_encoder_query", "bi_encoder_documents", "cmc"}  # this server loads no cross-encoder
+    # this server loads no cross-encoder
+    assert set(precision) == {"bi_encoder_query", "bi_encoder_documents", "cmc", "vector_search"}
+    assert precision.pop("vector_search")["dtype"] == "fp32"  # the reason: the setting, or FAISS's search on this CPU
     fp32 = {"dtype": "fp32", "reason": "SIEVE_PRECISION=fp32", "spearman": None, "runtime": "torch"}
     assert all(p == fp32 for p in precision.values())
