@@ -80,8 +80,8 @@ class DeviceFlat:
             for start in range(0, len(q), _QUERY_CHUNK):
                 part = torch.from_numpy(np.ascontiguousarray(q[start:start + _QUERY_CHUNK], dtype=np.float32))
                 scores = part.to(self.vectors.device, self.vectors.dtype) @ self.vectors.T  # (b, N)
-                if scores.device.type == "cpu":
-                    scores = scores.float()  # a bf16 copy's scores (no copy for float32)  # numpy's partition then a sort of the k: 0.4-0.6x torch.topk's CPU
+                if scores.device.type == "cpu":  # numpy's partition then a sort of the k: 0.4-0.6x torch.topk's CPU
+                    scores = scores.float()  # a bf16 copy's scores in float32 (float32's: no copy)
                     top_s, top_r = top_k(scores.numpy(), k)  # per query from 4 queries (RESULTS.md, issue 32, s14)
                     if keep:
                         kept.append(scores.numpy())
