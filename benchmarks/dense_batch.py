@@ -2,10 +2,12 @@
 over a served index's flat vectors with its own choice of kernel, and as a serving runner searches a batch
 (`search_batch`: the matrix-product kernel from BLAS_MIN_BATCH queries), and torch's matrix product + top-k over the
 same memory-mapped vectors (index/device_flat.py on the CPU: what an Intel CPU server searches with by default since
-the eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE); and, not served, torch's product over a bfloat16 copy (half the
-bytes read per query; its top-k would still need an exact re-scoring, not timed here). Interleaved rounds on one
-thread, FAISS, BLAS and torch on one thread (as a pinned worker's runner runs them); medians of CPU microseconds per
-query.
+the eleventh session, SIEVE_FLAT_SEARCH_ON_DEVICE); and torch's product over a bfloat16 copy (half the bytes read
+per query; served on CPUs with native bf16 products since the forty-third session, SIEVE_FLAT_SEARCH_PRECISION).
+Interleaved rounds on one thread, FAISS, BLAS and torch on one thread (as a pinned worker's runner runs them); medians
+of CPU microseconds per query. Then what the bf16 copy changes: for queries near documents (a document's own vector
+plus noise, renormalised) and random unit vectors, the share of FAISS's exact top 10 and top k it returns, and its
+largest score error.
 
     .venv/bin/python benchmarks/dense_batch.py --index ../idx/scifact --out benchmarks/results/dense_batch_intel.json
 """
@@ -55,7 +57,8 @@ def main() -> None:
     threadpool_limits(1)
     torch.set_num_threads(1)
     load_before = os.getloadavg()
-    with SearchIndex.load(args.index) as index, SearchIndex.load(args.index, flat_device="cpu") as on_torch:
+    with SearchIndex.load(args.index) as index, SearchIndex.load(args.index, flat_device="cpu") as on_torch, \
+            SearchIndex.load(args.index, flat_device="cpu", flat_cpu_dtype="bf16") as on_bf16:
         vectors = rng.standard_normal((512, index.manifest.dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
 
@@ -69,16 +72,12 @@ def main() -> None:
         def served_torch(queries):
             return list(search_batch([(on_torch, q, args.k) for q in queries]))
 
-        halves = torch.from_numpy(np.asarray(index.embeddings(np.arange(index.size)), dtype=np.float32)).bfloat16()
-
         def torch_bf16(queries):
-            with torch.inference_mode():
-                scores = torch.from_numpy(queries).bfloat16() @ halves.T
-                return torch.topk(scores, min(args.k, index.size), dim=1)
+            return list(search_batch([(on_bf16, q, args.k) for q in queries]))
 
         kernels = {"FAISS's own choice": faiss_default, f"FAISS as served (matrix product from {BLAS_MIN_BATCH})": served,
-                   "torch over the memory map from 2 queries (served default)": served_torch,
-                   "torch bfloat16 copy (not served)": torch_bf16}
+                   "torch over the memory map from 2 queries": served_torch,
+                   "torch over a bfloat16 copy (served with native bf16)": torch_bf16}
         cells: dict = {(name, b): [] for name in kernels for b in batches}
         for r in range(args.rounds):
             for name, search in (kernels.items() if r % 2 == 0 else reversed(kernels.items())):
@@ -88,15 +87,39 @@ def main() -> None:
                  "rounds": [round(x, 1) for x in v]} for (name, b), v in cells.items()]
         median = {(r["kernel"], r["batch"]): r["cpu_us_per_query"] for r in rows}
         print(f"{index.size} rows x {index.manifest.dim}, top {args.k}, CPU us per query (median of {args.rounds})")
-        print("| batch | " + " | ".join(kernels) + " | torch / FAISS as served |\n|---:|" + "---:|" * (len(kernels) + 1))
+        print("| batch | " + " | ".join(kernels) + " | torch / FAISS as served | bf16 / torch |\n|---:|"
+              + "---:|" * (len(kernels) + 2))
         names = list(kernels)
         for b in batches:
             ratio = median[(names[2], b)] / median[(names[1], b)]
-            print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + f" | {ratio:.2f} |")
+            bf16 = median[(names[3], b)] / median[(names[2], b)]
+            print(f"| {b} | " + " | ".join(f"{median[(n, b)]:.0f}" for n in kernels) + f" | {ratio:.2f} | {bf16:.2f} |")
+        fidelity = bf16_fidelity(index, on_bf16, vectors, args.k, rng)
+        for kind, f in fidelity.items():
+            print(f"bf16 copy, {kind}: top 10 {f['top10_same']:.4f}, top {args.k} {f['topk_same']:.4f} of FAISS's exact "
+                  f"lists; top 10 identical for {f['top10_identical']:.3f} of queries; max score error "
+                  f"{f['max_score_error']:.5f}")
         args.out.write_text(json.dumps({"machine": machine(), "index": str(args.index), "rows": index.size,
                                         "dim": index.manifest.dim, "k": args.k, "command": " ".join(sys.argv),
                                         "load_before": load_before, "load_after": os.getloadavg(),
-                                        "cells": rows}, indent=1) + "\n")
+                                        "cells": rows, "bf16_fidelity": fidelity}, indent=1) + "\n")
+
+
+def bf16_fidelity(index, on_bf16, random_vectors: np.ndarray, k: int, rng) -> dict:
+    """What the bf16 copy's search returns against FAISS's exact float32 search, per kind of query."""
+    near = np.asarray(index.embeddings(rng.choice(index.size, 512, replace=False)), dtype=np.float32)
+    near = near + 0.05 * rng.standard_normal(near.shape).astype(np.float32)
+    near /= np.linalg.norm(near, axis=1, keepdims=True)
+    out = {}
+    for kind, queries in (("near documents", near), ("random", random_vectors)):
+        want_s, want_r = index.search(queries, k)
+        got_s, got_r = on_bf16.search(queries, k)
+        out[kind] = {"queries": len(queries),
+                     "top10_same": float(np.mean([len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(got_r, want_r)])),
+                     "topk_same": float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got_r, want_r)])),
+                     "top10_identical": float(np.mean([(a[:10] == b[:10]).all() for a, b in zip(got_r, want_r)])),
+                     "max_score_error": float(np.abs(got_s - want_s).max())}
+    return out
 
 
 if __name__ == "__main__":
