@@ -39,6 +39,9 @@ from .device_flat import DeviceFlat
 from .vectors import exact_top_k, to_device
 
 TOMBSTONES_FILE = "deleted.npy"
+# The largest bf16 copy of one flat segment's vectors a CPU server makes (each worker holds its own, in RAM): 256 MiB,
+# e.g. 349,525 x 384; a larger flat segment (`sieve index build --faiss flat`) is searched over its float32 map.
+BF16_COPY_MAX_BYTES = 256 << 20
 _ROW_BITS = 32
 
 
@@ -140,12 +143,12 @@ class Segment:
         if self.ann != "flat":
             self.faiss = self._read_faiss(path / FAISS_FILE, knobs)
         self.device_flat = None
+        cpu_dtype = knobs.flat_cpu_dtype if self.rows * m.dim * 2 <= BF16_COPY_MAX_BYTES else "fp32"
         if self.ann == "flat" and knobs.flat_device and not isinstance(self.embeddings, FaissRows) \
-                and (knobs.flat_device != "cpu" or knobs.flat_cpu_dtype == "bf16"
-                     or self.embeddings.dtype == np.float32):
+                and (knobs.flat_device != "cpu" or cpu_dtype == "bf16" or self.embeddings.dtype == np.float32):
             # on the CPU a float32 map, searched where it lies, or a bf16 copy; a float16 map would need a float32
             # copy in RAM
-            self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu, knobs.flat_cpu_dtype)
+            self.device_flat = DeviceFlat(self.embeddings, knobs.flat_device, knobs.use_gpu, cpu_dtype)
         self.lexical = LexicalSegment(path, self.rows) if m.lexical else None
         self.conn = connect_readonly(path / DOCS_FILE)
         try:

@@ -219,3 +219,17 @@ def test_the_flat_search_runs_bf16_only_where_the_cpu_multiplies_bf16_and_nothin
                                  bf16=True).reason == "SIEVE_FLAT_SEARCH_PRECISION=fp32"
     assert flat_search_precision(auto, None, bf16=True).dtype == "fp32"  # FAISS's exact search
     assert flat_search_precision(auto, "cuda", bf16=True).dtype == "fp16"
+
+
+def test_a_flat_segment_too_large_for_a_bf16_copy_keeps_its_float32_map(tmp_path, encoder, monkeypatch):
+    from sieve.index import segments
+
+    docs = make_docs(60)
+    build_index(docs, encoder, tmp_path / "idx", progress=False, lexical=PLAIN, faiss_kind="flat")
+    monkeypatch.setattr(segments, "BF16_COPY_MAX_BYTES", 60 * encoder.dim * 2 - 1)  # one byte short
+    with SearchIndex.load(tmp_path / "idx", flat_device="cpu", flat_cpu_dtype="bf16") as index:
+        flat = index._p.segments[0].device_flat
+        assert flat.dtype == "fp32" and flat.vectors.data_ptr() == index._p.segments[0].embeddings.ctypes.data
+    monkeypatch.setattr(segments, "BF16_COPY_MAX_BYTES", 60 * encoder.dim * 2)
+    with SearchIndex.load(tmp_path / "idx", flat_device="cpu", flat_cpu_dtype="bf16") as index:
+        assert index._p.segments[0].device_flat.dtype == "bf16"
