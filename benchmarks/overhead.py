@@ -404,6 +404,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                         help="zero_cost: also 1 worker of this tree with these environment settings, as side "
                         "this-1w-NAME (repeatable): an A/B of a setting in one interleaved run")
+    parser.add_argument("--variant-2w", action="store_true", help="zero_cost: each --variant at 2 workers too, as "
+                        "side this-2w-NAME")
     parser.add_argument("--sides", help="only these sides, by name (this-1w,main,this-2w,...): fewer servers on the host")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
@@ -450,7 +452,8 @@ def sides_of(section_name: str, args) -> list[Side]:
         one_socket = [Side("this-2w-shared", REPO, 2, True, shared),
                       *([] if args.unpinned else [Side("this-2w-interp", REPO, 2, True, interp)]),
                       Side("this-2w-interp-shared", REPO, 2, True, {**interp, **shared})] if args.shared_socket else []
-        variants = [Side(f"this-1w-{name}", REPO, 1, True, settings) for name, settings in args.variant]
+        variants = [Side(f"this-{n}w-{name}", REPO, n, True, settings) for name, settings in args.variant
+                    for n in ((1, 2) if args.variant_2w else (1,))]
         return [Side("this-1w", REPO, 1, True), *base, Side("this-2w", REPO, 2, True), *pinned, *interpreter,
                 *unpinned, *watchless, *faiss_flat, *one_socket, *variants]
     sides = []

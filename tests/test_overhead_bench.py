@@ -48,7 +48,10 @@ def test_a_variant_is_one_more_single_worker_side_with_its_own_settings():
     serial = sides["this-1w-serial"]
     assert serial.workers == 1 and serial.zero_cost
     assert serial.env == {"TOKENIZERS_PARALLELISM": "false", "SIEVE_BATCH_MAX_WAIT_MS": "2"}
-    assert sides["this-1w"].env == {}
+    assert sides["this-1w"].env == {} and "this-2w-serial" not in sides
+    both = {side.name: side for side in sides_of("zero_cost", parse_args(["--variant", "fp32:A=1", "--variant-2w"]))}
+    assert (both["this-1w-fp32"].workers, both["this-2w-fp32"].workers) == (1, 2)
+    assert both["this-2w-fp32"].env == {"A": "1"} and both["this-2w"].env == {}
     for wrong in ("serial", "serial:", "serial:TOKENIZERS_PARALLELISM", ":A=1"):
         with pytest.raises(SystemExit):
             parse_args(["--variant", wrong])
