@@ -8,7 +8,10 @@ segment's float32 memory map is used as it is (a tensor over the same pages: no 
 2 or more queries is searched with torch's matrix product and top-k, which costs 0.5-0.8x the CPU per query of FAISS's
 exact search on Intel, Zen 3 and Zen 5 (on Zen 4 the product alone costs more, but the whole /search less); one query
 alone goes to FAISS's own kernel (torch: 1.0-1.1x) (segments.py; benchmarks/dense_batch.py on SciFact's 5,183 x 384
-vectors, RESULTS.md "Issue 32, eleventh session", "sixteenth session" and "twenty-eighth session").
+vectors, RESULTS.md "Issue 32, eleventh session", "sixteenth session" and "twenty-eighth session"). On a CPU with
+native bf16 products a bfloat16 copy in RAM is searched instead, every batch size: 0.40-0.79x the float32 product's
+CPU per query from 2 queries on Zen 5, scores within ~2.5e-3 (SIEVE_FLAT_SEARCH_PRECISION; RESULTS.md, "forty-third
+session").
 
 torch is imported here only when a segment is put on a device: `sieve.index` stays importable without it.
 """
@@ -39,7 +42,7 @@ class DeviceFlat:
 
     def __init__(self, vectors, device: str, faiss_gpu: bool = False, cpu_dtype: str = "fp32"):
         """`cpu_dtype` 'bf16': on the CPU, search a bfloat16 copy of the vectors (CPUs with native bf16 products:
-        service/runtime.py `flat_search_dtype`) instead of the float32 memory map."""
+        service/runtime.py `flat_search_precision`) instead of the float32 memory map."""
         self.device = device
         self.backend = flat_backend(device, faiss_gpu)
         self.rows, self.dim = int(vectors.shape[0]), int(vectors.shape[1])
@@ -56,8 +59,9 @@ class DeviceFlat:
 
     @property
     def takes_single_queries(self) -> bool:
-        """Whether one query alone is searched here too: on a GPU, and on a bf16 copy (a query's ranking is then
-        the same whatever it was batched with); one query over the CPU's float32 map goes to FAISS's own kernel."""
+        """Whether one query alone is searched here too: on a GPU, and on a bf16 copy (a query then gets the ranking
+        it gets in a batch, not FAISS's float32 one: identical for 256 of 256 SciFact queries at batches of 1-16 on a
+        Zen 5 host); one query over the CPU's float32 map goes to FAISS's own kernel."""
         return self.device != "cpu" or self.dtype == "bf16"
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
