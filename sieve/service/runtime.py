@@ -3,6 +3,7 @@ and deadline options, and opening the live index version with the same checks at
 from __future__ import annotations
 
 from sieve.index import SearchIndex
+from sieve.index.device_flat import flat_backend
 from sieve.models.precision import Choice, cpu_field, native_bf16
 from sieve.pipeline.batching import BatchConfig
 from sieve.pipeline.first_stage import HybridConfig
@@ -41,6 +42,8 @@ def flat_search_precision(settings: Settings, where: str | None, bf16: bool | No
     if where is None:
         return Choice("fp32", "FAISS's exact search (float32)")
     if where != "cpu":
+        if flat_backend(where, settings.faiss_gpu) == "faiss-gpu":
+            return Choice("fp32", "faiss-gpu's flat index (float32)")
         return Choice("fp16", "flat segments' vectors held on the GPU in fp16")
     if "fp32" in (settings.precision, settings.flat_search_precision):
         name = "SIEVE_PRECISION" if settings.precision == "fp32" else "SIEVE_FLAT_SEARCH_PRECISION"
