@@ -59,6 +59,12 @@ class GatedScorer(SumOfParts):
         return [self.scale, self.gates]
 
     @staticmethod
+    def doc_budget(query_tokens: int, max_length: int) -> int:
+        """How many of a document's tokens a pair of `pair_inputs` keeps after a query of `query_tokens` (without
+        special tokens): the most worth tokenizing (ce_tokens.document_ids)."""
+        return max(0, max_length - min(query_tokens, max(0, max_length - 6)) - 4)
+
+    @staticmethod
     def pair_inputs(tokenizer, query_ids: list[list[int]], doc_ids: list[list[int]], max_length: int) -> dict:
         """`[CLS] q [SEP] [CLS] d [SEP]` per pair, the document cut so the pair fits max_length; token_type_ids
         carry the segment (0 query, 1 document); padded to the longest pair."""
@@ -66,7 +72,7 @@ class GatedScorer(SumOfParts):
         rows, segs = [], []
         for q, d in zip(query_ids, doc_ids):
             query = [cls_id, *q[:max(0, max_length - 6)], sep_id]
-            doc = [cls_id, *d[:max(0, max_length - len(query) - 2)], sep_id]
+            doc = [cls_id, *d[:GatedScorer.doc_budget(len(q), max_length)], sep_id]
             rows.append(query + doc)
             segs.append([0] * len(query) + [1] * len(doc))
         width = max(len(r) for r in rows)

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sieve.models.clip import clip_all
+from sieve.models.clip import clip_all, clip_chars
 
 STORE = "ce_tokens"
 FIRST_CHARS_PER_TOKEN = 6  # document_ids' first cut
@@ -35,8 +35,10 @@ def supports(ce) -> bool:
             and getattr(tokenizer, "backend_tokenizer", None) is not None)
 
 
-def document_ids(tokenizer, documents: Sequence[str], max_length: int) -> list[list[int]]:
-    """Each document's first max_length token ids, no special tokens: what a pair_inputs head reads.
+def document_ids(tokenizer, documents: Sequence[str], max_length: int | Sequence[int]) -> list[list[int]]:
+    """Each document's first max_length token ids, no special tokens: what a pair_inputs head reads. `max_length`:
+    one length for all, or each document's own (a pair's room for its document after its query: GatedScorer.doc_budget;
+    0 gives [] untokenized).
 
     The tokenizer reads a whole text to keep its first tokens, so a document is first cut at max_length x
     FIRST_CHARS_PER_TOKEN characters (English runs 4-5 per token). Its ids from that cut are the whole text's when
@@ -47,20 +49,20 @@ def document_ids(tokenizer, documents: Sequence[str], max_length: int) -> list[l
     in many threads at once run in parallel."""
     if not documents:
         return []
+    lengths = [max_length] * len(documents) if isinstance(max_length, int) else [max(0, n) for n in max_length]
     backend = unlocked(tokenizer)
-    first_cut = max_length * FIRST_CHARS_PER_TOKEN
-    cut = [d[:first_cut] for d in documents]
+    cut = [d[:n * FIRST_CHARS_PER_TOKEN] for d, n in zip(documents, lengths)]
     ids, again = [], []
-    for i, (document, text, encoding) in enumerate(zip(documents, cut, backend.encode_batch(cut, add_special_tokens=False))):
-        row = encoding.ids[:max_length]
+    for i, (document, text, n, encoding) in enumerate(zip(documents, cut, lengths,
+                                                         backend.encode_batch(cut, add_special_tokens=False))):
+        row = encoding.ids[:n]
         ids.append(row)
-        if len(document) > len(text) and not (len(row) == max_length
-                                              and _space_after(text, encoding.offsets[max_length - 1][1])):
+        if n and len(document) > len(text) and not (len(row) == n and _space_after(text, encoding.offsets[n - 1][1])):
             again.append(i)
     if again:
-        texts = clip_all([documents[i] for i in again], max_length)
+        texts = [clip_chars(documents[i], lengths[i]) for i in again]
         for i, encoding in zip(again, backend.encode_batch(texts, add_special_tokens=False)):
-            ids[i] = encoding.ids[:max_length]
+            ids[i] = encoding.ids[:lengths[i]]
     return ids
 
 

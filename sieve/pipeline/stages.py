@@ -265,11 +265,13 @@ class CrossEncoderRerank:
         if not self.by_ids:
             return ce.tokenize_pairs([q for q, docs, _ in items for _ in docs], [t for _, docs, _ in items for t in docs])
         docs = [d for _, item_docs, _ in items for d in item_docs]
+        queries = ce_tokens.query_ids(ce.tokenizer, [q for q, item_docs, _ in items for _ in item_docs],
+                                      ce.lengths.query_max_length)
         texts = [i for i, d in enumerate(docs) if isinstance(d, str)]
-        for i, ids in zip(texts, ce_tokens.document_ids(ce.tokenizer, [docs[i] for i in texts], ce.lengths.max_length)):
+        room = ce.document_room([queries[i] for i in texts])  # each text tokenized only as far as its pair reads
+        for i, ids in zip(texts, ce_tokens.document_ids(ce.tokenizer, [docs[i] for i in texts], room)):
             docs[i] = ids
-        queries = [q for q, item_docs, _ in items for _ in item_docs]
-        return ce.pairs_from_ids(ce_tokens.query_ids(ce.tokenizer, queries, ce.lengths.query_max_length), docs)
+        return ce.pairs_from_ids(queries, docs)
 
     def finish(self, state: QueryState, scores: np.ndarray) -> QueryState:
         state.candidates = state.candidates.rerank_head(self.name, scores)  # "ce", or a subclass's own name

@@ -84,6 +84,22 @@ def test_prose_is_read_only_to_the_first_cut(tokenizer, counting):
     assert all(len(row) == 128 for row in ids)
 
 
+def test_each_document_is_read_to_its_own_length(tokenizer, counting):
+    """Per-document lengths (a pair's room after its query): each row is the text's first ids at its own length, 0
+    gives no ids, and prose is read only to its own first cut."""
+    docs = texts_that_fool_a_cut(128)[:20] + [ENGLISH * 30]
+    lengths = [(0, 1, 16, 100, 128)[i % 5] for i in range(len(docs) - 1)] + [100]
+    expected = [tokenizer(clip_all([d], max(n, 1)), add_special_tokens=False, truncation=True,
+                          max_length=max(n, 1))["input_ids"][0][:n] for d, n in zip(docs, lengths)]
+    assert ce_tokens.document_ids(tokenizer, docs, lengths) == expected
+    assert ce_tokens.document_ids(tokenizer, docs, lengths)[0] == [] and lengths[0] == 0
+    calls = counting(tokenizer)
+    calls.calls.clear()
+    calls.longest = 0
+    assert len(ce_tokens.document_ids(tokenizer, [ENGLISH * 30], [100])[0]) == 100
+    assert calls.longest == 100 * ce_tokens.FIRST_CHARS_PER_TOKEN and calls.calls == [1]
+
+
 def test_a_repeated_query_is_tokenized_once(tokenizer, counting):
     queries = ["how do volcanoes erupt"] * 100 + ["what is magma"]
     ids = ce_tokens.query_ids(tokenizer, queries, 64)

@@ -81,6 +81,31 @@ def assert_same_batches(got: dict, expected: dict) -> None:
         assert torch.equal(got[key], expected[key]), key
 
 
+def test_texts_are_tokenized_only_as_far_as_their_pair_reads(shipped_ce, monkeypatch):
+    """A text's pair keeps max_length - query - 4 of its document's tokens (GatedScorer.doc_budget): the text is read
+    only that far, and the tensors are those of its whole max_length ids."""
+    query, long = "how long does sourdough ferment", LONG.full_text
+    q_ids = ce_tokens.query_ids(shipped_ce.tokenizer, [query], shipped_ce.lengths.query_max_length)
+    room = shipped_ce.document_room(q_ids)
+    assert room == [shipped_ce.lengths.max_length - len(q_ids[0]) - 4]
+    whole = shipped_ce.pairs_from_ids(q_ids, ce_tokens.document_ids(shipped_ce.tokenizer, [long],
+                                                                     shipped_ce.lengths.max_length))
+    assert whole["attention_mask"].sum().item() == shipped_ce.lengths.max_length  # the document fills the pair
+    read = []
+    real = ce_tokens.unlocked
+
+    def recording(tokenizer):
+        backend = real(tokenizer)
+        return SimpleNamespace(encode_batch=lambda texts, **kw: read.extend(map(len, texts)) or
+                               backend.encode_batch(texts, **kw))
+
+    monkeypatch.setattr(ce_tokens, "unlocked", recording)
+    got = shipped_ce.tokenize_pairs(query, [long])
+    assert max(read) == room[0] * ce_tokens.FIRST_CHARS_PER_TOKEN < len(long)
+    for key in whole:
+        assert torch.equal(got[key], whole[key]), key
+
+
 def test_the_stage_reads_ids_and_scores_exactly_as_from_texts(stored_dir, shipped_ce, monkeypatch):
     with SearchIndex.load(stored_dir) as index:
         stored, texts = CrossEncoderRerank(shipped_ce, index, 8), text_path(shipped_ce, index, 8)
