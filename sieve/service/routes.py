@@ -196,7 +196,7 @@ def rerank(body: schemas.RerankRequest, request: Request, components: Components
     response = rerank_response(outcome, items, body.model, body.return_documents, uuid.uuid4().hex)
     if request.app.state.feedback:
         request.app.state.feedback.on_rerank(response.request_id, body.query, response, items)
-    return response
+    return json_response(response)  # serialised once by its schema (not validated again and dumped by FastAPI)
 
 
 WORD = re.compile(r"\S+")
@@ -237,7 +237,7 @@ def cohere_rerank(body: schemas.CohereRerankRequest, request: Request, component
     metrics.observe(outcome.state.timings_ms, outcome.state.counts)
     if outcome.partial:
         metrics.partial.labels(endpoint="/v2/rerank", skipped=",".join(outcome.state.skipped)).inc()
-    return cohere_rerank_response(outcome, len(items))
+    return json_response(cohere_rerank_response(outcome, len(items)))
 
 
 @router.get("/healthz", response_model=schemas.Health, tags=["health"])
