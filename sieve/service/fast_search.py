@@ -1,50 +1,72 @@
-"""POST /search without the per-request machinery of FastAPI and the middleware stack (SIEVE_FAST_SEARCH, on by
-default): about a third of the event loop's work per /search on 2 shared cores (docs/benchmarks.md).
+"""POST /search and POST /rerank without the per-request machinery of FastAPI and the middleware stack
+(SIEVE_FAST_SEARCH, on by default): about a third of the event loop's work per /search on 2 shared cores
+(docs/benchmarks.md); for a /rerank, the body's `json.loads` and its validation from Python objects besides.
 
-SieveAPI (the app create_app returns) hands POST /search to FastSearch before anything else runs. FastSearch does,
-in one coroutine, what the stack does for an ordinary /search: the header and body size limits (it takes only a
-request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers within SIEVE_MAX_HEADER_BYTES and an
-application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the in-flight bound (the app's one Admission,
-service/protection.py), the hang-up watcher, validation of schemas.SearchRequest straight from the bytes
-(`model_validate_json`), the guard (API key, rate limit), the same handler (routes.search) in a worker thread, the
-app's own error handlers for what that raises (a 500 as the error middleware answers it), and the request counted
-under /search as RequestCounter counts it.
+SieveAPI (the app create_app returns) hands POST /search and POST /rerank (`LANES`) to FastSearch before anything
+else runs. FastSearch does, in one coroutine, what the stack does for an ordinary /search (or /rerank): the header
+and body size limits (it takes only a request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers within
+SIEVE_MAX_HEADER_BYTES and an application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the in-flight
+bound (the app's one Admission, service/protection.py), the hang-up watcher, validation of schemas.SearchRequest
+straight from the bytes (`model_validate_json`; schemas.RerankRequest for /rerank), the guard (API key, rate limit),
+the same handler (routes.search, routes.rerank) in a worker thread, the app's own error handlers for what that
+raises (a 500 as the error middleware answers it), and the request counted under its route as RequestCounter counts
+it.
 
 Everything else goes through the full stack untouched, the body replayed when it was read: other routes and methods,
 a request outside the limits, another content type, and every body this lane does not accept as valid, so each
-400/422 is FastAPI's own answer. The route stays declared in FastAPI (the OpenAPI schema and /docs do not change).
-tests/service/test_fast_search.py sends the same requests both ways."""
+400/422 is FastAPI's own answer. The routes stay declared in FastAPI (the OpenAPI schema and /docs do not change).
+tests/service/test_fast_search.py sends the same requests both ways, to each route."""
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from sieve.service import routes
 from sieve.service.protection import header_bytes, replay, watch
-from sieve.service.schemas import SearchRequest
+from sieve.service.schemas import RerankRequest, SearchRequest
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8")
-validate = SearchRequest.model_validate_json
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One route the lean lane answers: its body's schema (validated from the bytes) and its handler's call."""
+    endpoint: str
+    validate: Callable[[bytes], BaseModel]
+    handle: Callable  # (body, request, components, app state) -> the handler's answer, in a worker thread
+
+
+LANES = {
+    "/search": Lane("/search", SearchRequest.model_validate_json,
+                    lambda body, request, components, state: routes.search(
+                        body, request, components, state.settings, state.metrics, state.caches)),
+    "/rerank": Lane("/rerank", RerankRequest.model_validate_json,
+                    lambda body, request, components, state: routes.rerank(
+                        body, request, components, state.settings, state.metrics)),
+}
 
 
 class SieveAPI(FastAPI):
-    """FastAPI, with POST /search answered by `fast_search` when set (SIEVE_FAST_SEARCH)."""
+    """FastAPI, with POST /search and /rerank answered by `fast_search` when set (SIEVE_FAST_SEARCH)."""
     fast_search: "FastSearch | None" = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         fast = self.fast_search
-        if fast is not None and scope["type"] == "http" and scope["path"] == "/search" and scope["method"] == "POST" \
-                and not self.root_path:
-            scope["app"] = self
-            return await fast(scope, receive, send)
+        if fast is not None and scope["type"] == "http" and scope["method"] == "POST" and not self.root_path:
+            lane = LANES.get(scope["path"])
+            if lane is not None:
+                scope["app"] = self
+                return await fast(scope, receive, send, lane)
         await super().__call__(scope, receive, send)
 
 
@@ -61,7 +83,7 @@ class FastSearch:
     def full_stack(self, scope: Scope, receive: Receive, send: Send):
         return FastAPI.__call__(self.fastapi, scope, receive, send)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, lane: Lane = LANES["/search"]) -> None:
         started = time.perf_counter()
         length = content_type = authorization = None
         lengths = 0
@@ -87,9 +109,9 @@ class FastSearch:
         cancelled = threading.Event()
         messages = await admission.read(scope, receive, sending)  # 408, 400 (nesting) answered there
         if messages is None:
-            return self.count(self.fastapi, scope, status or "client_closed", started, "/search")
+            return self.count(self.fastapi, scope, status or "client_closed", started, lane.endpoint)
         try:
-            search = validate(b"".join(m.get("body", b"") for m in messages))
+            body = lane.validate(b"".join(m.get("body", b"") for m in messages))
         except (ValidationError, ValueError):  # FastAPI answers it, in its own words
             return await self.full_stack(scope, replay(messages, receive), send)
         self.answered += 1
@@ -100,16 +122,16 @@ class FastSearch:
             scope.setdefault("state", {})["cancelled"] = cancelled
             watcher = asyncio.get_running_loop().create_task(watch(receive, cancelled))
             try:
-                await self.answer(search, authorization, scope, receive, sending)
+                await self.answer(lane, body, authorization, scope, receive, sending)
             finally:
                 admission.leave()
                 watcher.cancel()
                 if watcher.done() and not watcher.cancelled():
                     watcher.exception()  # a receive that failed: the connection is gone, nothing to answer
         finally:
-            self.count(self.fastapi, scope, status or "500", started, "/search")
+            self.count(self.fastapi, scope, status or "500", started, lane.endpoint)
 
-    async def answer(self, search: SearchRequest, authorization: bytes | None, scope: Scope, receive: Receive,
+    async def answer(self, lane: Lane, body: BaseModel, authorization: bytes | None, scope: Scope, receive: Receive,
                      send: Send) -> None:
         request, state = Request(scope, receive), self.fastapi.state
         try:
@@ -120,8 +142,7 @@ class FastSearch:
             else:
                 routes.check_caller(state, header, address)
             components = await routes.get_components(request)
-            response = await self.in_thread(routes.search, search, request, components, state.settings,
-                                            state.metrics, state.caches)
+            response = await self.in_thread(lane.handle, body, request, components, state)
         except Exception as exc:
             handler = self.handler(exc)
             if handler is not None:

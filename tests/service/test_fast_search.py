@@ -96,11 +96,11 @@ def requests_total(client: TestClient) -> dict:
             if re.match(r"sieve_(requests_total|rejected_total)\{", line)}
 
 
-def same_answers(fast: TestClient, slow: TestClient, requests: list[tuple[bytes, dict]]) -> list[int]:
+def same_answers(fast: TestClient, slow: TestClient, requests: list[tuple[bytes, dict]],
+                 path: str = "/search") -> list[int]:
     statuses = []
     for body, headers in requests:
-        got, want = fast.post("/search", content=body, headers=headers), slow.post("/search", content=body,
-                                                                                  headers=headers)
+        got, want = fast.post(path, content=body, headers=headers), slow.post(path, content=body, headers=headers)
         assert comparable(got) == comparable(want), (body[:200], headers)
         statuses.append(got.status_code)
     return statuses
@@ -132,14 +132,54 @@ def test_fast_path_answers_as_fastapi_does(fake_components):
         assert other.status_code == 404 and taken.answered == valid
 
 
-def accepted(body: bytes) -> bool:
+def accepted(body: bytes, schema=None) -> bool:
     from sieve.service.schemas import SearchRequest
 
     try:
-        SearchRequest.model_validate_json(body)
+        (schema or SearchRequest).model_validate_json(body)
     except ValueError:
         return False
     return True
+
+
+RERANK_BODIES = [
+    # valid: answered by the fast path
+    '{"query": "bread", "documents": ["Sourdough bread rises slowly overnight.", "Volcanoes erupt when magma rises."]}',
+    '{"query": "bread", "documents": ["a loaf", "lava", "stars"], "top_n": 1, "return_documents": true}',
+    '{"query": "bread", "documents": ["a loaf of bread", "lava"], "model": "ce"}',
+    '{"query": "bread", "documents": [{"text": "a loaf"}, {"id": "astro-1", "text": "Red giant stars"}, "lava"]}',
+    '{"query": "bread", "documents": [{"id": "astro-1"}], "return_documents": true}',
+    '{"query": "b\\u00e4ckerei \\u2603", "documents": ["B\\u00e4ckerei \\ud83c\\udf5e", "lava"], "timeout_ms": 5000}',
+    # valid for the schema, refused by the handler (4xx from the same code either way)
+    '{"query": "bread", "documents": ["a loaf"], "model": "nope"}',
+    '{"query": "bread", "documents": [{"id": "no-such-document"}]}',
+    # invalid: FastAPI answers them
+    '', 'not json', '{"query": "bread"}', '{"query": "bread", "documents": []}', '{"query": "bread", "documents": [""]}',
+    '{"query": "bread", "documents": [1]}', '{"query": "bread", "documents": ["a"], "extra": 1}',
+    '{"query": "bread", "documents": ["\\ud800"]}', '{"query": "bread", "documents": ["a"], "top_n": 0}',
+    '{"query": "bread", "documents": ["a"], "top_n": "1"}', '{"query": "bread", "documents": [{"id": "a", "x": 1}]}',
+    '{"query": "", "documents": ["a"]}', '{"query": "bread", "documents": ["a"]', '[1, 2]',
+]
+
+
+def test_fast_path_reranks_as_fastapi_does(fake_components):
+    from sieve.service.schemas import RerankRequest
+
+    fast, slow = pair(fake_components)
+    with fast, slow:
+        taken = fast_path_of(fast)
+        requests = [(b.encode(), JSON) for b in RERANK_BODIES]
+        requests += [(RERANK_BODIES[0].encode(), h) for h in CONTENT_TYPES]
+        requests += [(b'{"query": "bread", "documents": ["' + b"y" * 9000 + b'"]}', JSON)]  # past the body limit: 413
+        statuses = same_answers(fast, slow, requests, "/rerank")
+        assert statuses.count(200) >= 6 and {400, 413, 422} <= set(statuses) and 500 not in statuses, statuses
+        valid = sum(1 for body, headers in requests if headers.get("content-type", "").lower() in
+                    ("application/json", "application/json; charset=utf-8") and accepted(body, RerankRequest)
+                    and len(body) <= 8192)
+        assert taken.answered == valid > 6, (taken.answered, valid)
+        assert requests_total(fast) == requests_total(slow)
+        answer = fast.post("/rerank", json={"query": "bread", "documents": ["lava", "a loaf of bread"], "model": "ce"})
+        assert answer.status_code == 200 and len(answer.json()["results"]) == 2 and answer.json()["request_id"]
 
 
 def test_fast_path_guards_as_fastapi_does(fake_components):
