@@ -46,14 +46,12 @@ class Lane:
     handle: Callable  # (body, request, components, app state) -> the handler's answer, in a worker thread
 
 
-LANES = {
-    "/search": Lane("/search", SearchRequest.model_validate_json,
-                    lambda body, request, components, state: routes.search(
-                        body, request, components, state.settings, state.metrics, state.caches)),
-    "/rerank": Lane("/rerank", RerankRequest.model_validate_json,
-                    lambda body, request, components, state: routes.rerank(
-                        body, request, components, state.settings, state.metrics)),
-}
+LANES = {lane.endpoint: lane for lane in (
+    Lane("/search", SearchRequest.model_validate_json, lambda body, request, components, state: routes.search(
+        body, request, components, state.settings, state.metrics, state.caches)),
+    Lane("/rerank", RerankRequest.model_validate_json, lambda body, request, components, state: routes.rerank(
+        body, request, components, state.settings, state.metrics)),
+)}
 
 
 class SieveAPI(FastAPI):
@@ -83,7 +81,7 @@ class FastSearch:
     def full_stack(self, scope: Scope, receive: Receive, send: Send):
         return FastAPI.__call__(self.fastapi, scope, receive, send)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, lane: Lane = LANES["/search"]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, lane: Lane) -> None:
         started = time.perf_counter()
         length = content_type = authorization = None
         lengths = 0
