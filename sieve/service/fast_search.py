@@ -1,14 +1,15 @@
-"""POST /search and POST /rerank without the per-request machinery of FastAPI and the middleware stack
+"""POST /search, /rerank and /v2/rerank without the per-request machinery of FastAPI and the middleware stack
 (SIEVE_FAST_SEARCH, on by default): about a third of the event loop's work per /search on 2 shared cores
 (docs/benchmarks.md); for a /rerank, the body's `json.loads` and its validation from Python objects besides.
 
-SieveAPI (the app create_app returns) hands POST /search and POST /rerank (`LANES`) to FastSearch before anything
-else runs. FastSearch does, in one coroutine, what the stack does for an ordinary /search (or /rerank): the header
+SieveAPI (the app create_app returns) hands POST /search, /rerank and /v2/rerank (`LANES`) to FastSearch before
+anything else runs. FastSearch does, in one coroutine, what the stack does for an ordinary /search (or /rerank): the header
 and body size limits (it takes only a request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers within
 SIEVE_MAX_HEADER_BYTES and an application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the in-flight
 bound (the app's one Admission, service/protection.py), the hang-up watcher, validation of schemas.SearchRequest
-straight from the bytes (`model_validate_json`; schemas.RerankRequest for /rerank), the guard (API key, rate limit),
-the same handler (routes.search, routes.rerank) in a worker thread, the app's own error handlers for what that
+straight from the bytes (`model_validate_json`; schemas.RerankRequest for /rerank, CohereRerankRequest for
+/v2/rerank), the guard (API key, rate limit), the same handler (routes.search, routes.rerank, routes.cohere_rerank) in
+a worker thread, the app's own error handlers for what that
 raises (a 500 as the error middleware answers it), and the request counted under its route as RequestCounter counts
 it.
 
@@ -33,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from sieve.service import routes
 from sieve.service.protection import header_bytes, replay, watch
-from sieve.service.schemas import RerankRequest, SearchRequest
+from sieve.service.schemas import CohereRerankRequest, RerankRequest, SearchRequest
 
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8")
 
@@ -51,11 +52,14 @@ LANES = {lane.endpoint: lane for lane in (
         body, request, components, state.settings, state.metrics, state.caches)),
     Lane("/rerank", RerankRequest.model_validate_json, lambda body, request, components, state: routes.rerank(
         body, request, components, state.settings, state.metrics)),
+    Lane("/v2/rerank", CohereRerankRequest.model_validate_json,
+         lambda body, request, components, state: routes.cohere_rerank(
+             body, request, components, state.settings, state.metrics)),
 )}
 
 
 class SieveAPI(FastAPI):
-    """FastAPI, with POST /search and /rerank answered by `fast_search` when set (SIEVE_FAST_SEARCH)."""
+    """FastAPI, with POST /search, /rerank and /v2/rerank answered by `fast_search` when set (SIEVE_FAST_SEARCH)."""
     fast_search: "FastSearch | None" = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
