@@ -3,15 +3,14 @@
 (docs/benchmarks.md); for a /rerank, the body's `json.loads` and its validation from Python objects besides.
 
 SieveAPI (the app create_app returns) hands POST /search, /rerank and /v2/rerank (`LANES`) to FastSearch before
-anything else runs. FastSearch does, in one coroutine, what the stack does for an ordinary /search (or /rerank): the header
-and body size limits (it takes only a request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers within
-SIEVE_MAX_HEADER_BYTES and an application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the in-flight
-bound (the app's one Admission, service/protection.py), the hang-up watcher, validation of schemas.SearchRequest
-straight from the bytes (`model_validate_json`; schemas.RerankRequest for /rerank, CohereRerankRequest for
-/v2/rerank), the guard (API key, rate limit), the same handler (routes.search, routes.rerank, routes.cohere_rerank) in
-a worker thread, the app's own error handlers for what that
-raises (a 500 as the error middleware answers it), and the request counted under its route as RequestCounter counts
-it.
+anything else runs. FastSearch does, in one coroutine, what the stack does for an ordinary request to those routes:
+the header and body size limits (it takes only a request with a Content-Length within SIEVE_MAX_BODY_BYTES, headers
+within SIEVE_MAX_HEADER_BYTES and an application/json body), the body read within SIEVE_BODY_TIMEOUT_S and the
+in-flight bound (the app's one Admission, service/protection.py), the hang-up watcher, validation of the route's
+schema straight from the bytes (`model_validate_json`: schemas.SearchRequest, RerankRequest, CohereRerankRequest),
+the guard (API key, rate limit), the same handler (routes.search, routes.rerank, routes.cohere_rerank) in a worker
+thread, the app's own error handlers for what that raises (a 500 as the error middleware answers it), and the request
+counted under its route as RequestCounter counts it.
 
 Everything else goes through the full stack untouched, the body replayed when it was read: other routes and methods,
 a request outside the limits, another content type, and every body this lane does not accept as valid, so each

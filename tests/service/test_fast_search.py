@@ -19,6 +19,7 @@ from sieve.service.config import Settings
 from sieve.service.fast_search import FastSearch
 from sieve.service.protection import RateLimiter
 from sieve.service.runtime import searcher_options
+from sieve.service.schemas import CohereRerankRequest, RerankRequest, SearchRequest
 from tests.conftest import DEMO_CORPUS
 from tests.fakes import packaged_tokenizer, tiny_biencoder, tiny_cross_encoder
 
@@ -134,11 +135,9 @@ def test_fast_path_answers_as_fastapi_does(fake_components):
         assert other.status_code == 404 and taken.answered == valid
 
 
-def accepted(body: bytes, schema=None) -> bool:
-    from sieve.service.schemas import SearchRequest
-
+def accepted(body: bytes, schema=SearchRequest) -> bool:
     try:
-        (schema or SearchRequest).model_validate_json(body)
+        schema.model_validate_json(body)
     except ValueError:
         return False
     return True
@@ -184,12 +183,9 @@ COHERE_BODIES = [
 ]
 
 
-@pytest.mark.parametrize("path, bodies, schema_name", [("/rerank", RERANK_BODIES, "RerankRequest"),
-                                                       ("/v2/rerank", COHERE_BODIES, "CohereRerankRequest")])
-def test_fast_path_reranks_as_fastapi_does(fake_components, path, bodies, schema_name):
-    from sieve.service import schemas
-
-    schema = getattr(schemas, schema_name)
+@pytest.mark.parametrize("path, bodies, schema", [("/rerank", RERANK_BODIES, RerankRequest),
+                                                  ("/v2/rerank", COHERE_BODIES, CohereRerankRequest)])
+def test_fast_path_reranks_as_fastapi_does(fake_components, path, bodies, schema):
     fast, slow = pair(fake_components)
     with fast, slow:
         taken = fast_path_of(fast)
