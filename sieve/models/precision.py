@@ -2,7 +2,7 @@
 
 Chosen once at start-up by the caller (never inside model code), per stage:
 - CUDA: fp16 weights (more mantissa than bf16, so rankings move less).
-- CPU with native bf16 (AVX-512 BF16 or AMX, and oneDNN says so): bf16 weights.
+- CPU with native bf16 (AVX-512 BF16 on AMD, AMX on Intel, and oneDNN says so: `native_bf16`): bf16 weights.
 - CPU with int8 kernels (fbgemm / x86 engine: AVX2, faster with AVX-512 VNNI): dynamic int8 quantisation of the
   linear layers (weights int8, activations quantised per batch), everything else fp32; offered only where the
   caller allows it (CMC): the MiniLM towers lose too much rank agreement in int8 (Spearman 0.93-0.97 on the probes,
@@ -70,7 +70,14 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 
 def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 faster than fp32: AVX-512 BF16 on AMD (Zen 4 / Zen 5: 2.4x fp32's matmul rate,
+    docs/performance.md), AMX on Intel. An Intel CPU that shows avx512_bf16 without amx_bf16 (a VM that hides AMX:
+    family 6 model 207, RESULTS.md, forty-sixth session) multiplied bf16 at 0.40x fp32's rate in torch (104 against
+    257 GFLOP/s, 2048 x 2048, 2 threads) and ran the bf16 towers on their probes 2.1-2.3x slower than fp32, so it
+    counts as without."""
     flags = cpu_flags()
+    if cpu_field("vendor_id") == "GenuineIntel" and "amx_bf16" not in flags:
+        return False
     return bool({"avx512_bf16", "amx_bf16"} & flags) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
@@ -95,7 +102,7 @@ def best_dtype(device: torch.device, mode: str = "auto", int8: bool = True) -> t
     if device.type == "cuda":
         return "fp16", "CUDA"
     if native_bf16():
-        return "bf16", "CPU has native bf16 (avx512_bf16/amx_bf16)"
+        return "bf16", "CPU has native bf16 (avx512_bf16 on AMD, amx_bf16 on Intel)"
     if int8 and int8_kernels():
         vnni = "avx512_vnni" in cpu_flags() or "avx_vnni" in cpu_flags()
         return "int8", f"CPU has int8 kernels ({'VNNI' if vnni else 'AVX2'}) but no native bf16"
