@@ -140,3 +140,18 @@ def test_lowering_cmc_layers_keeps_the_evidence_fusion_fp32(biencoder):
     assert module is fusion.model and choice.dtype == "fp32"
     if best_dtype(CPU, "auto")[0] != "fp32":
         assert choice.reason.startswith("nothing to lower"), choice
+
+
+@pytest.mark.parametrize("vendor, flags, native", [
+    ("GenuineIntel", "avx512f avx512_bf16", False),  # AMX hidden (a VM): bf16 at 0.40x fp32's rate (RESULTS.md, s46)
+    ("GenuineIntel", "avx512f avx512_bf16 amx_bf16 amx_tile", True),
+    ("AuthenticAMD", "avx512f avx512_bf16", True),  # Zen 4 / Zen 5
+    ("AuthenticAMD", "avx2", False),  # Zen 3
+])
+def test_native_bf16_is_avx512_bf16_on_amd_and_amx_on_intel(monkeypatch, vendor, flags, native):
+    from sieve.models import precision
+
+    fields = {"vendor_id": vendor, "flags": flags}
+    monkeypatch.setattr(precision, "cpu_field", lambda name, cpuinfo=None: fields.get(name, ""))
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert precision.native_bf16() is native
