@@ -408,6 +408,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "side this-2w-NAME")
     parser.add_argument("--sides", help="only these sides, by name (this-1w,main,this-2w,...): fewer servers on the host")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per block")
+    parser.add_argument("--log-level", default="warning", help="SIEVE_LOG_LEVEL of every server of the zero_cost "
+                        "and real sections (warning: no access line; info, the shipped default: one per request)")
     parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each block")
     parser.add_argument("--rounds", type=int, default=4, help="blocks per side per section")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds between the last server's start and the "
@@ -483,6 +485,7 @@ def main(argv=None) -> None:
         result["baseline_commit"], result["baseline_uncommitted"] = tree_state(Path(args.baseline_tree))
     result["commit"], result["uncommitted"] = tree_state(REPO)
     result["hog"], result["hog_cpu"] = args.hog, args.hog_cpu
+    result["log_level"] = args.log_level  # every server's but a --variant's own
     with tempfile.TemporaryDirectory(prefix="sieve-overhead-") as tmp, hogs(args.hog, args.hog_cpu):
         tmp = Path(tmp)
         bodies = tmp / "bodies.jsonl"
@@ -496,6 +499,8 @@ def main(argv=None) -> None:
                 rows = replica_section(index, args, bodies, logs, args.clients)
             else:
                 sides = [s for s in sides_of(name, args) if not args.sides or s.name in args.sides.split(",")]
+                for side in sides:  # a variant's own level stays its own
+                    side.env = {"SIEVE_LOG_LEVEL": args.log_level, **side.env}
                 rows = section(sides, index, args, bodies, logs, args.clients)
             result["sections"][name] = {"rows": rows, "summary": summary(rows)}
             print(table(rows))

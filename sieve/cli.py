@@ -346,6 +346,7 @@ def run_server(settings: Settings) -> None:
 
     components = load_components(settings)
     app = create_app(settings, loader=lambda _: components, served_process=True)
+    from sieve.service import access_log
     from sieve.service.connections import bounded_protocol
 
     # httptools (C parser) where installed; the protocol bounds the size and time of request line + headers
@@ -355,8 +356,8 @@ def run_server(settings: Settings) -> None:
     protocol = bounded_protocol(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc(),
                                 settings.http_parser)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                http=protocol, h11_max_incomplete_event_size=settings.max_header_bytes,
-                timeout_graceful_shutdown=grace_s)
+                log_config=access_log.log_config(), access_log=settings.access_log, http=protocol,
+                h11_max_incomplete_event_size=settings.max_header_bytes, timeout_graceful_shutdown=grace_s)
 
 
 def cmd_settings(args, settings: Settings) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from sieve.service import connections, mps, workers
+from sieve.service import access_log, connections, mps, workers
 from sieve.service.config import Settings
 
 HEALTHCHECK_S = 30.0  # a worker busy with its GIL-bound work may be slow to answer the supervisor's ping
@@ -265,7 +265,8 @@ def serve(settings: Settings, chosen: workers.Plan | None = None,
     worker_environment(settings, chosen, folder)
     grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
     config = uvicorn.Config(factory, factory=True, host=settings.host, port=settings.port, workers=chosen.count,
-                            log_level=settings.log_level, http=f"sieve.service.connections:{connections.protocol_name(settings.http_parser)}",
+                            log_level=settings.log_level, log_config=access_log.log_config(),
+                            access_log=settings.access_log, http=f"sieve.service.connections:{connections.protocol_name(settings.http_parser)}",
                             h11_max_incomplete_event_size=settings.max_header_bytes,
                             timeout_graceful_shutdown=grace_s, timeout_worker_healthcheck=HEALTHCHECK_S)
     log.info("starting %d workers (%s) on %s:%d", chosen.count, chosen.chosen, settings.host, settings.port)

@@ -1,6 +1,7 @@
 """API keys, per-key rate limits, the in-flight bound and the body size limit, against real servers."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,9 @@ def test_a_key_in_the_query_string_never_reaches_the_access_log(guarded_server, 
         assert error_code(client.post(f"/search?api_key={secret}&x=1", json={"query": "x"}), 401) == "unauthorized"
     log = guarded_server.log_path.read_text()
     assert '"GET /documents/astro-1?[query not logged] HTTP/1.1" 200' in log, "the access log lost the request"
+    # the whole line as uvicorn words it, from the lean formatter (service/access_log.py)
+    assert re.search(r'^INFO: {5}127\.0\.0\.1:\d+ - "GET /documents/astro-1\?\[query not logged\] HTTP/1\.1" 200 OK$',
+                     log, re.MULTILINE), log[-2000:]
     assert secret not in log, "a key sent in the query string reached the log"
 
 
