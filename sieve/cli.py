@@ -355,8 +355,7 @@ def run_server(settings: Settings) -> None:
     rejected = app.state.metrics.rejected
     protocol = bounded_protocol(settings.header_timeout_s, lambda reason: rejected.labels(reason=reason).inc(),
                                 settings.http_parser)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=access_log.log_config(), access_log=settings.access_log, http=protocol,
+    uvicorn.run(app, host=settings.host, port=settings.port, **access_log.uvicorn_options(settings), http=protocol,
                 h11_max_incomplete_event_size=settings.max_header_bytes, timeout_graceful_shutdown=grace_s)
 
 

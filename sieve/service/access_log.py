@@ -4,9 +4,9 @@ HTTP/1.1" 200 OK'), at less cost per line.
 uvicorn's AccessFormatter copies every record (copy.copy) and looks its status phrase up in http.HTTPStatus before a
 %-format: about 23 of the ~50 µs one line costs in the event loop's thread (RESULTS.md, issue 32, forty-seventh
 session). `LeanAccessFormatter` writes the same text from the record's five arguments in one f-string, the phrases
-looked up once; with colours (a terminal, or SIEVE's use_colors) or a format string of the operator's own it is
-uvicorn's formatter, unchanged. `log_config()` is uvicorn's default logging configuration with this formatter for
-the access log; SIEVE_ACCESS_LOG=false writes no access line at all (settings.access_log).
+looked up once; with colours (output to a terminal) or another format string it is uvicorn's formatter, unchanged.
+`uvicorn_options()` is what `sieve serve` hands uvicorn, in one process and under the supervisor alike: uvicorn's
+default logging configuration with this formatter for the access log, and SIEVE_ACCESS_LOG (false: no access line).
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import logging
 
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.logging import AccessFormatter
+
+from sieve.service.config import Settings
 
 UVICORN_FORMAT = LOGGING_CONFIG["formatters"]["access"]["fmt"]  # '%(levelprefix)s %(client_addr)s - ...'
 
@@ -54,3 +56,8 @@ def log_config() -> dict:
     config = copy.deepcopy(LOGGING_CONFIG)
     config["formatters"]["access"]["()"] = f"{__name__}.LeanAccessFormatter"
     return config
+
+
+def uvicorn_options(settings: Settings) -> dict:
+    """The logging arguments of uvicorn.run / uvicorn.Config for these settings."""
+    return {"log_level": settings.log_level, "log_config": log_config(), "access_log": settings.access_log}

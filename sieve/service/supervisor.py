@@ -265,8 +265,7 @@ def serve(settings: Settings, chosen: workers.Plan | None = None,
     worker_environment(settings, chosen, folder)
     grace_s = (settings.default_timeout_ms or 30_000) / 1000 + 5
     config = uvicorn.Config(factory, factory=True, host=settings.host, port=settings.port, workers=chosen.count,
-                            log_level=settings.log_level, log_config=access_log.log_config(),
-                            access_log=settings.access_log, http=f"sieve.service.connections:{connections.protocol_name(settings.http_parser)}",
+                            **access_log.uvicorn_options(settings), http=f"sieve.service.connections:{connections.protocol_name(settings.http_parser)}",
                             h11_max_incomplete_event_size=settings.max_header_bytes,
                             timeout_graceful_shutdown=grace_s, timeout_worker_healthcheck=HEALTHCHECK_S)
     log.info("starting %d workers (%s) on %s:%d", chosen.count, chosen.chosen, settings.host, settings.port)

@@ -45,6 +45,8 @@ def test_colours_or_another_format_are_uvicorns():
 def test_log_config_writes_access_lines_through_the_lean_formatter():
     config = log_config()
     config["handlers"]["access"]["stream"] = stream = io.StringIO()
+    loggers = [logging.getLogger(name) for name in config["loggers"]]
+    before = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]  # restored: other tests' loggers as found
     logging.config.dictConfig(config)
     try:
         access = logging.getLogger("uvicorn.access")
@@ -52,7 +54,8 @@ def test_log_config_writes_access_lines_through_the_lean_formatter():
         access.info(ACCESS_MSG, *ARGS[0])
         assert stream.getvalue() == 'INFO:     127.0.0.1:5555 - "POST /search HTTP/1.1" 200 OK\n'
     finally:
-        logging.getLogger("uvicorn.access").handlers.clear()
+        for lg, (handlers, level, propagate) in zip(loggers, before):
+            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
 
 
 def test_access_log_off_writes_no_line_and_answers(demo_index, tmp_path):
